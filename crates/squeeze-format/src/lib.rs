@@ -1,0 +1,36 @@
+//! The squeeze on-disk format, with no I/O: every byte layout the engine
+//! writes is encoded and decoded here, explicitly little-endian, and checked
+//! with CRC-32C. docs/FORMAT.md is the prose version of this crate; the two
+//! change together.
+
+pub mod codec_id;
+
+pub use codec_id::CodecId;
+
+/// A decode failure: bytes from disk never panic, they produce one of these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FormatError {
+    #[error("bad magic: not a squeeze {what}")]
+    BadMagic { what: &'static str },
+    #[error("unsupported format version {found} (this build reads version {supported})")]
+    UnsupportedVersion { found: u32, supported: u32 },
+    #[error("unknown codec id {0}")]
+    UnknownCodec(u8),
+    #[error("{what} checksum mismatch: stored {expected:#010x}, computed {got:#010x}")]
+    ChecksumMismatch {
+        what: &'static str,
+        expected: u32,
+        got: u32,
+    },
+    #[error("{what} belongs to another volume")]
+    WrongVolume { what: &'static str },
+    #[error("invalid {what}: {why}")]
+    Invalid { what: &'static str, why: String },
+    #[error("{what} truncated: need {need} bytes, have {have}")]
+    Truncated {
+        what: &'static str,
+        need: usize,
+        have: usize,
+    },
+}
