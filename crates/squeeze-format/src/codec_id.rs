@@ -75,6 +75,9 @@ mod tests {
             assert_eq!(CodecId::from_u8(c as u8).unwrap(), c);
             assert_eq!(CodecId::from_name(c.name()), Some(c));
         }
-        assert!(matches!(CodecId::from_u8(5), Err(FormatError::UnknownCodec(5))));
+        assert!(matches!(
+            CodecId::from_u8(5),
+            Err(FormatError::UnknownCodec(5))
+        ));
     }
 }

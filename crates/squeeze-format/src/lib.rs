@@ -3,9 +3,21 @@
 //! with CRC-32C. docs/FORMAT.md is the prose version of this crate; the two
 //! change together.
 
+pub mod checkpoint;
+pub mod checksum;
 pub mod codec_id;
+pub mod layout;
+mod le;
+pub mod map_entry;
+pub mod record;
+pub mod superblock;
 
+pub use checkpoint::{CheckpointHeader, CheckpointReader, CheckpointWriter, CHUNK_ENTRIES};
 pub use codec_id::CodecId;
+pub use layout::*;
+pub use map_entry::MapEntry;
+pub use record::{RecordHeader, RecordKind};
+pub use superblock::{CheckpointRef, CompressionMode, Policy, Superblock, FORMAT_VERSION};
 
 /// A decode failure: bytes from disk never panic, they produce one of these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,0 +1,50 @@
+//! Fixed sizes and the placement of every structure in the backing file.
+//!
+//! ```text
+//! offset 0        superblock slot 0 (4 KiB)
+//! offset 4 KiB    superblock slot 1 (4 KiB)
+//! offset 8 KiB    unused, zero (reserved up to DATA_START)
+//! DATA_START      segment 0 | segment 1 | ... | segment N-1
+//!                 (each segment_size bytes; a segment holds either log
+//!                  records or a piece of a checkpoint, never both)
+//! ```
+//!
+//! Log records inside a segment start at multiples of [`RECORD_ALIGN`]; this
+//! fine alignment is what makes a 4 KiB sector that compresses to 1.1 KiB
+//! cost about 1.1 KiB (DESIGN principle 3).
+
+/// Bytes in one logical sector: the unit of the LBA space and of the map.
+pub const SECTOR_SIZE: usize = 4096;
+/// Size of one superblock slot.
+pub const SUPERBLOCK_SIZE: usize = 4096;
+/// Number of superblock slots (written alternately, by generation parity).
+pub const SUPERBLOCK_SLOTS: u64 = 2;
+/// Where segment 0 starts.
+pub const DATA_START: u64 = 1 << 20;
+/// Alignment of log records inside a segment, in bytes.
+pub const RECORD_ALIGN: u64 = 16;
+/// Size of a log record header.
+pub const RECORD_HEADER_SIZE: usize = 64;
+/// The most sectors one extent record may hold (128 KiB, BlueStore's default
+/// compression_max_blob_size).
+pub const MAX_BLOB_SECTORS: u32 = 32;
+/// Largest record: header plus an uncompressed blob of MAX_BLOB_SECTORS.
+pub const MAX_RECORD_BYTES: u64 =
+    RECORD_HEADER_SIZE as u64 + MAX_BLOB_SECTORS as u64 * SECTOR_SIZE as u64;
+/// Smallest and largest allowed segment sizes.
+pub const SEGMENT_SIZE_MIN: u64 = 512 << 10;
+pub const SEGMENT_SIZE_MAX: u64 = 1 << 30;
+/// Highest byte offset a map entry can address (40 bits of 16-byte units).
+pub const MAX_BACKING_BYTES: u64 = (1u64 << 40) * RECORD_ALIGN;
+
+const _: () = assert!(DATA_START >= SUPERBLOCK_SIZE as u64 * SUPERBLOCK_SLOTS);
+const _: () = assert!(DATA_START % RECORD_ALIGN == 0);
+const _: () = assert!(RECORD_HEADER_SIZE as u64 % RECORD_ALIGN == 0);
+const _: () = assert!(SEGMENT_SIZE_MIN >= 2 * MAX_RECORD_BYTES);
+// A map entry stores the record length in 14 bits of 16-byte units.
+const _: () = assert!(MAX_RECORD_BYTES.div_ceil(RECORD_ALIGN) < (1 << 14));
+
+/// Rounds `n` up to the record alignment.
+pub const fn align_record(n: u64) -> u64 {
+    n.div_ceil(RECORD_ALIGN) * RECORD_ALIGN
+}

@@ -1,0 +1,377 @@
+//! The superblock: identity, geometry, compression policy and the pointer to
+//! the newest durable checkpoint. Two 4 KiB slots are written alternately
+//! (slot = generation % 2), each fsynced before it counts; the valid slot
+//! with the higher generation wins, so a torn superblock write leaves the
+//! previous one in force.
+//!
+//! ```text
+//! byte  0  magic             [8]  "SQUEEZE\0"
+//!       8  version           u32  FORMAT_VERSION
+//!      12  flags             u32  0 (reserved)
+//!      16  uuid              [16]
+//!      32  generation        u64  bumped on every superblock write
+//!      40  logical_size      u64  bytes, a multiple of SECTOR_SIZE
+//!      48  sector_size       u32  4096
+//!      52  segment_size      u32  bytes, power of two
+//!      56  max_physical      u64  cap on the backing file, 0 = none
+//!      64  algorithm codec   u8   CodecId
+//!      65  mode              u8   CompressionMode
+//!      66  recompress codec  u8   CodecId used by the cleaner, 0 = off
+//!      67  reserved          u8
+//!      68  algorithm level   i32
+//!      72  required ratio    u32  parts per million (875000 = 0.875)
+//!      76  min_blob          u32  bytes
+//!      80  max_blob          u32  bytes
+//!      84  recompress level  i32
+//!      88  created           u64  unix seconds
+//!      96  ckpt_len          u64  checkpoint stream bytes
+//!     104  ckpt_crc          u32  CRC-32C of the checkpoint stream
+//!     108  ckpt_segments     u32  number of segment ids that follow
+//!     112  segment ids       u32 x ckpt_segments (at most MAX_CKPT_SEGMENTS)
+//!    4092  crc               u32  CRC-32C of bytes 0..4092
+//! ```
+
+use crate::layout::{
+    DATA_START, MAX_BACKING_BYTES, MAX_BLOB_SECTORS, SECTOR_SIZE, SEGMENT_SIZE_MAX,
+    SEGMENT_SIZE_MIN, SUPERBLOCK_SIZE,
+};
+use crate::le::{get_i32, get_u32, get_u64, put_i32, put_u32, put_u64};
+use crate::{checksum, CodecId, FormatError};
+
+pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"SQUEEZE\0";
+/// The format version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Most segments one checkpoint may span.
+pub const MAX_CKPT_SEGMENTS: usize = (SUPERBLOCK_SIZE - 4 - 112) / 4;
+
+/// BlueStore's compression_mode, with its meaning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CompressionMode {
+    /// Never compress.
+    None = 0,
+    /// Compress only when the client hints that data is compressible.
+    Passive = 1,
+    /// Compress unless the client hints that data is incompressible.
+    Aggressive = 2,
+    /// Compress always, ignoring hints.
+    Force = 3,
+}
+
+impl CompressionMode {
+    pub const ALL: [CompressionMode; 4] = [
+        CompressionMode::None,
+        CompressionMode::Passive,
+        CompressionMode::Aggressive,
+        CompressionMode::Force,
+    ];
+    pub fn from_u8(v: u8) -> Result<Self, FormatError> {
+        Self::ALL
+            .into_iter()
+            .find(|m| *m as u8 == v)
+            .ok_or_else(|| FormatError::Invalid {
+                what: "superblock",
+                why: format!("unknown compression mode {v}"),
+            })
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            CompressionMode::None => "none",
+            CompressionMode::Passive => "passive",
+            CompressionMode::Aggressive => "aggressive",
+            CompressionMode::Force => "force",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.name() == s)
+    }
+}
+
+/// The compression policy stored in the superblock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    pub codec: CodecId,
+    pub level: i32,
+    pub mode: CompressionMode,
+    /// Keep a compressed blob only if its size is at most this fraction
+    /// of the raw size, in parts per million.
+    pub required_ratio_ppm: u32,
+    pub min_blob: u32,
+    pub max_blob: u32,
+    /// Codec the cleaner recompresses moved extents with (None = keep).
+    pub recompress_codec: CodecId,
+    pub recompress_level: i32,
+}
+
+impl Policy {
+    /// Checks the invariants every stored policy obeys.
+    pub fn validate(&self) -> Result<(), FormatError> {
+        let bad = |why: String| {
+            Err(FormatError::Invalid {
+                what: "policy",
+                why,
+            })
+        };
+        let sector = SECTOR_SIZE as u32;
+        let max = MAX_BLOB_SECTORS * sector;
+        if self.min_blob == 0 || self.min_blob % sector != 0 || self.min_blob > max {
+            return bad(format!(
+                "min_blob {} must be a multiple of {sector} up to {max}",
+                self.min_blob
+            ));
+        }
+        if self.max_blob % sector != 0 || self.max_blob < self.min_blob || self.max_blob > max {
+            return bad(format!(
+                "max_blob {} must be a multiple of {sector} between min_blob ({}) and {max}",
+                self.max_blob, self.min_blob
+            ));
+        }
+        if self.required_ratio_ppm == 0 || self.required_ratio_ppm > 1_000_000 {
+            return bad(format!(
+                "required ratio {} must be in (0, 1]",
+                f64::from(self.required_ratio_ppm) / 1e6
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Where the newest checkpoint lives.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct CheckpointRef {
+    pub len: u64,
+    pub crc: u32,
+    pub segments: Vec<u32>,
+}
+
+/// A decoded superblock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub uuid: [u8; 16],
+    pub generation: u64,
+    pub logical_size: u64,
+    pub segment_size: u32,
+    pub max_physical: u64,
+    pub policy: Policy,
+    pub created_unix: u64,
+    pub checkpoint: CheckpointRef,
+}
+
+impl Superblock {
+    /// Byte offset of a segment in the backing file.
+    pub fn segment_offset(&self, segment: u32) -> u64 {
+        DATA_START + u64::from(segment) * u64::from(self.segment_size)
+    }
+
+    /// The slot this generation is written to.
+    pub fn slot(&self) -> u64 {
+        self.generation % 2
+    }
+
+    /// Number of logical sectors.
+    pub fn sectors(&self) -> u64 {
+        self.logical_size / SECTOR_SIZE as u64
+    }
+
+    pub fn validate(&self) -> Result<(), FormatError> {
+        let bad = |why: String| {
+            Err(FormatError::Invalid {
+                what: "superblock",
+                why,
+            })
+        };
+        if self.logical_size == 0 || self.logical_size % SECTOR_SIZE as u64 != 0 {
+            return bad(format!(
+                "logical size {} is not a positive multiple of {SECTOR_SIZE}",
+                self.logical_size
+            ));
+        }
+        let seg = u64::from(self.segment_size);
+        if !seg.is_power_of_two() || !(SEGMENT_SIZE_MIN..=SEGMENT_SIZE_MAX).contains(&seg) {
+            return bad(format!("segment size {seg} out of range"));
+        }
+        if self.max_physical > MAX_BACKING_BYTES {
+            return bad(format!("max physical {} too large", self.max_physical));
+        }
+        if self.checkpoint.segments.len() > MAX_CKPT_SEGMENTS {
+            return bad("too many checkpoint segments".into());
+        }
+        self.policy.validate()
+    }
+
+    /// Encodes into exactly SUPERBLOCK_SIZE bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        self.validate().expect("encoding an invalid superblock");
+        let mut b = vec![0u8; SUPERBLOCK_SIZE];
+        b[0..8].copy_from_slice(&SUPERBLOCK_MAGIC);
+        put_u32(&mut b, 8, FORMAT_VERSION);
+        put_u32(&mut b, 12, 0);
+        b[16..32].copy_from_slice(&self.uuid);
+        put_u64(&mut b, 32, self.generation);
+        put_u64(&mut b, 40, self.logical_size);
+        put_u32(&mut b, 48, SECTOR_SIZE as u32);
+        put_u32(&mut b, 52, self.segment_size);
+        put_u64(&mut b, 56, self.max_physical);
+        let p = &self.policy;
+        b[64] = p.codec as u8;
+        b[65] = p.mode as u8;
+        b[66] = p.recompress_codec as u8;
+        put_i32(&mut b, 68, p.level);
+        put_u32(&mut b, 72, p.required_ratio_ppm);
+        put_u32(&mut b, 76, p.min_blob);
+        put_u32(&mut b, 80, p.max_blob);
+        put_i32(&mut b, 84, p.recompress_level);
+        put_u64(&mut b, 88, self.created_unix);
+        put_u64(&mut b, 96, self.checkpoint.len);
+        put_u32(&mut b, 104, self.checkpoint.crc);
+        put_u32(&mut b, 108, self.checkpoint.segments.len() as u32);
+        for (i, s) in self.checkpoint.segments.iter().enumerate() {
+            put_u32(&mut b, 112 + 4 * i, *s);
+        }
+        let crc = checksum::crc32c(&b[..SUPERBLOCK_SIZE - 4]);
+        put_u32(&mut b, SUPERBLOCK_SIZE - 4, crc);
+        b
+    }
+
+    /// Decodes and validates one slot.
+    pub fn decode(b: &[u8]) -> Result<Superblock, FormatError> {
+        if b.len() < SUPERBLOCK_SIZE {
+            return Err(FormatError::Truncated {
+                what: "superblock",
+                need: SUPERBLOCK_SIZE,
+                have: b.len(),
+            });
+        }
+        if b[0..8] != SUPERBLOCK_MAGIC {
+            return Err(FormatError::BadMagic { what: "volume" });
+        }
+        let expected = get_u32(b, SUPERBLOCK_SIZE - 4);
+        let got = checksum::crc32c(&b[..SUPERBLOCK_SIZE - 4]);
+        if expected != got {
+            return Err(FormatError::ChecksumMismatch {
+                what: "superblock",
+                expected,
+                got,
+            });
+        }
+        let version = get_u32(b, 8);
+        if version != FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        if get_u32(b, 48) != SECTOR_SIZE as u32 {
+            return Err(FormatError::Invalid {
+                what: "superblock",
+                why: format!("sector size {}", get_u32(b, 48)),
+            });
+        }
+        let n = get_u32(b, 108) as usize;
+        if n > MAX_CKPT_SEGMENTS {
+            return Err(FormatError::Invalid {
+                what: "superblock",
+                why: format!("{n} checkpoint segments"),
+            });
+        }
+        let sb = Superblock {
+            uuid: b[16..32].try_into().expect("16 bytes"),
+            generation: get_u64(b, 32),
+            logical_size: get_u64(b, 40),
+            segment_size: get_u32(b, 52),
+            max_physical: get_u64(b, 56),
+            policy: Policy {
+                codec: CodecId::from_u8(b[64])?,
+                mode: CompressionMode::from_u8(b[65])?,
+                recompress_codec: CodecId::from_u8(b[66])?,
+                level: get_i32(b, 68),
+                required_ratio_ppm: get_u32(b, 72),
+                min_blob: get_u32(b, 76),
+                max_blob: get_u32(b, 80),
+                recompress_level: get_i32(b, 84),
+            },
+            created_unix: get_u64(b, 88),
+            checkpoint: CheckpointRef {
+                len: get_u64(b, 96),
+                crc: get_u32(b, 104),
+                segments: (0..n).map(|i| get_u32(b, 112 + 4 * i)).collect(),
+            },
+        };
+        sb.validate()?;
+        Ok(sb)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> Superblock {
+        Superblock {
+            uuid: [3; 16],
+            generation: 5,
+            logical_size: 64 << 30,
+            segment_size: 32 << 20,
+            max_physical: 0,
+            policy: Policy {
+                codec: CodecId::Lz4,
+                level: 0,
+                mode: CompressionMode::Aggressive,
+                required_ratio_ppm: 875_000,
+                min_blob: 4096,
+                max_blob: 131072,
+                recompress_codec: CodecId::None,
+                recompress_level: 0,
+            },
+            created_unix: 1_700_000_000,
+            checkpoint: CheckpointRef {
+                len: 12345,
+                crc: 42,
+                segments: vec![0, 7, 9],
+            },
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let sb = sample();
+        assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+    }
+
+    #[test]
+    fn version_and_magic_and_checksum() {
+        let mut b = sample().encode();
+        b[0] = b'X';
+        assert!(matches!(
+            Superblock::decode(&b),
+            Err(FormatError::BadMagic { .. })
+        ));
+        let mut b = sample().encode();
+        b[100] ^= 1;
+        assert!(matches!(
+            Superblock::decode(&b),
+            Err(FormatError::ChecksumMismatch { .. })
+        ));
+        let mut b = sample().encode();
+        put_u32(&mut b, 8, 99);
+        let crc = checksum::crc32c(&b[..SUPERBLOCK_SIZE - 4]);
+        put_u32(&mut b, SUPERBLOCK_SIZE - 4, crc);
+        assert!(matches!(
+            Superblock::decode(&b),
+            Err(FormatError::UnsupportedVersion { found: 99, .. })
+        ));
+    }
+
+    #[test]
+    fn policy_bounds() {
+        let mut p = sample().policy;
+        p.max_blob = 256 << 10;
+        assert!(p.validate().is_err());
+        p.max_blob = 4096;
+        p.min_blob = 8192;
+        assert!(p.validate().is_err());
+        p.min_blob = 4096;
+        p.required_ratio_ppm = 0;
+        assert!(p.validate().is_err());
+    }
+}
