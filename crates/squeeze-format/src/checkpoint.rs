@@ -132,7 +132,7 @@ impl<'a> CheckpointReader<'a> {
         }
         let chunk_count = get_u64(b, 56);
         let counters_end = CHECKPOINT_HEADER_SIZE + 8 * n_counters;
-        let need = (chunk_count as u128) * CHUNK_BYTES as u128 + counters_end as u128;
+        let need = u128::from(chunk_count) * CHUNK_BYTES as u128 + counters_end as u128;
         if need != b.len() as u128 {
             return Err(FormatError::Invalid {
                 what: "checkpoint",

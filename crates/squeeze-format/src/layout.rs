@@ -38,8 +38,8 @@ pub const SEGMENT_SIZE_MAX: u64 = 1 << 30;
 pub const MAX_BACKING_BYTES: u64 = (1u64 << 40) * RECORD_ALIGN;
 
 const _: () = assert!(DATA_START >= SUPERBLOCK_SIZE as u64 * SUPERBLOCK_SLOTS);
-const _: () = assert!(DATA_START % RECORD_ALIGN == 0);
-const _: () = assert!(RECORD_HEADER_SIZE as u64 % RECORD_ALIGN == 0);
+const _: () = assert!(DATA_START.is_multiple_of(RECORD_ALIGN));
+const _: () = assert!((RECORD_HEADER_SIZE as u64).is_multiple_of(RECORD_ALIGN));
 const _: () = assert!(SEGMENT_SIZE_MIN >= 2 * MAX_RECORD_BYTES);
 // A map entry stores the record length in 14 bits of 16-byte units.
 const _: () = assert!(MAX_RECORD_BYTES.div_ceil(RECORD_ALIGN) < (1 << 14));

@@ -114,13 +114,13 @@ impl Policy {
         };
         let sector = SECTOR_SIZE as u32;
         let max = MAX_BLOB_SECTORS * sector;
-        if self.min_blob == 0 || self.min_blob % sector != 0 || self.min_blob > max {
+        if self.min_blob == 0 || !self.min_blob.is_multiple_of(sector) || self.min_blob > max {
             return bad(format!(
                 "min_blob {} must be a multiple of {sector} up to {max}",
                 self.min_blob
             ));
         }
-        if self.max_blob % sector != 0 || self.max_blob < self.min_blob || self.max_blob > max {
+        if !self.max_blob.is_multiple_of(sector) || self.max_blob < self.min_blob || self.max_blob > max {
             return bad(format!(
                 "max_blob {} must be a multiple of {sector} between min_blob ({}) and {max}",
                 self.max_blob, self.min_blob
@@ -180,7 +180,7 @@ impl Superblock {
                 why,
             })
         };
-        if self.logical_size == 0 || self.logical_size % SECTOR_SIZE as u64 != 0 {
+        if self.logical_size == 0 || !self.logical_size.is_multiple_of(SECTOR_SIZE as u64) {
             return bad(format!(
                 "logical size {} is not a positive multiple of {SECTOR_SIZE}",
                 self.logical_size
