@@ -1,1 +1,37 @@
-//! placeholder
+//! squeeze-codec: the compression stage of the write path and the
+//! decompression step of the read path.
+//!
+//! ```text
+//! write pipeline ... policy -> [engine: CpuPool -> Compressor] -> segment log
+//! read path      ... extent read -> checksum -> [decompress] -> client
+//! ```
+//!
+//! - [`Algorithm`]: a codec id from `squeeze_format`'s registry plus a level.
+//! - [`Compressor`] / [`Decompressor`]: per-thread codec contexts
+//!   (lz4_flex, libzstd, snap, libdeflate), see [`codec`].
+//! - [`looks_incompressible`]: the btrfs-style sampling heuristic.
+//! - [`CompressEngine`] / [`CpuPool`]: batch compression off the caller's
+//!   thread, with per-job CPU time.
+//! - [`testdata`]: fio-like synthetic data for tests and `squeeze bench`.
+//!
+//! Invariant for the whole crate: bytes from disk never panic it — every
+//! decode failure is a [`CodecError`].
+
+pub mod algorithm;
+pub mod codec;
+mod codecs;
+pub mod cputime;
+pub mod engine;
+pub mod error;
+pub mod heuristic;
+pub mod pool;
+pub mod testdata;
+
+pub use algorithm::Algorithm;
+pub use codec::{decompress, new_compressor, new_decompressor, try_new_compressor, Compressor, Decompressor};
+pub use cputime::thread_cpu_ns;
+pub use engine::{CompressEngine, Job, JobOutput, JobResult};
+pub use error::CodecError;
+pub use heuristic::looks_incompressible;
+pub use pool::CpuPool;
+pub use squeeze_format::CodecId;

@@ -1,0 +1,129 @@
+//! The batch compression engine interface (DESIGN principle 7): the write
+//! pipeline hands over batches of blobs and is called back when all of them
+//! are compressed, so a CPU pool, ISA-L, QAT or a GPU can sit behind it.
+//!
+//! Invariants every engine keeps:
+//! - `done` is called exactly once per `submit`, with one result per job,
+//!   in job order (also for an empty batch).
+//! - A job never yields output longer than its `limit`: such jobs are
+//!   `TooBig`, and so is a job whose codec failed (storing raw is always
+//!   correct; engines count these failures).
+//! - `Skipped` means the heuristic judged the blob hopeless and no codec
+//!   time was spent.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::{looks_incompressible, thread_cpu_ns, Algorithm, CodecError, Compressor};
+
+/// One blob to compress: `input[range]`, to at most `limit` bytes.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// Shared buffer holding the blob (a write request's payload can be
+    /// split into many jobs without copying).
+    pub input: Arc<Vec<u8>>,
+    /// The blob's bytes within `input`.
+    pub range: Range<usize>,
+    /// Largest acceptable compressed size in bytes (from the policy's
+    /// required ratio); bigger output is `TooBig`.
+    pub limit: usize,
+    /// Run [`looks_incompressible`] first and skip the codec when it says so.
+    pub skip_if_incompressible: bool,
+}
+
+impl Job {
+    /// A job for `input[range]`.
+    pub fn new(input: Arc<Vec<u8>>, range: Range<usize>, limit: usize, skip_if_incompressible: bool) -> Self {
+        Job {
+            input,
+            range,
+            limit,
+            skip_if_incompressible,
+        }
+    }
+
+    /// The blob's bytes.
+    ///
+    /// # Panics
+    /// If `range` is not within `input` (a programmer error; engines check
+    /// it at submit time).
+    pub fn data(&self) -> &[u8] {
+        &self.input[self.range.clone()]
+    }
+
+    /// Whether `range` lies within `input`.
+    pub fn is_valid(&self) -> bool {
+        self.range.start <= self.range.end && self.range.end <= self.input.len()
+    }
+}
+
+/// What became of one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobOutput {
+    /// The compressed bytes (`len() <= limit`).
+    Compressed(Vec<u8>),
+    /// The output would exceed `limit` (or the codec failed): store raw.
+    TooBig,
+    /// The heuristic said hopeless; no codec time spent: store raw.
+    Skipped,
+}
+
+/// The outcome of one job and what it cost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobResult {
+    pub output: JobOutput,
+    /// Thread CPU time spent on this job (heuristic + codec), nanoseconds.
+    pub cpu_ns: u64,
+}
+
+/// A batch compression engine.
+pub trait CompressEngine: Send + Sync {
+    /// Short name for statistics ("cpu-pool").
+    fn name(&self) -> &str;
+
+    /// Number of worker threads (or hardware queues) behind the engine.
+    fn threads(&self) -> usize;
+
+    /// Submits a batch; `done` is called exactly once, from any thread, with
+    /// the results in job order. May block while the engine is full. `done`
+    /// must not block on this engine (e.g. submit and wait) — it may run on
+    /// one of the engine's own threads.
+    fn submit(&self, alg: Algorithm, jobs: Vec<Job>, done: Box<dyn FnOnce(Vec<JobResult>) + Send>);
+
+    /// Convenience: submits and waits for the results.
+    fn compress_batch(&self, alg: Algorithm, jobs: Vec<Job>) -> Vec<JobResult> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.submit(
+            alg,
+            jobs,
+            Box::new(move |results| {
+                // The receiver lives until it has the results.
+                let _ = tx.send(results);
+            }),
+        );
+        rx.recv().expect("engine dropped a batch without calling done")
+    }
+}
+
+/// Runs one job on the calling thread with `compressor`, using `scratch`
+/// as the codec's output buffer; the building block of every CPU engine.
+/// Returns the codec's error instead of mapping it, so the engine can count
+/// it.
+pub fn run_job(
+    compressor: &mut dyn Compressor,
+    job: &Job,
+    scratch: &mut Vec<u8>,
+) -> (Result<JobOutput, CodecError>, u64) {
+    let start_ns = thread_cpu_ns();
+    let src = job.data();
+    let output = if job.skip_if_incompressible && looks_incompressible(src) {
+        Ok(JobOutput::Skipped)
+    } else {
+        match compressor.compress(src, scratch, job.limit) {
+            Ok(Some(n)) => Ok(JobOutput::Compressed(scratch[..n].to_vec())),
+            Ok(None) => Ok(JobOutput::TooBig),
+            Err(e) => Err(e),
+        }
+    };
+    (output, thread_cpu_ns().saturating_sub(start_ns))
+}
