@@ -1,1 +1,42 @@
-//! placeholder
+//! squeeze-nbd: an NBD (Network Block Device) server library.
+//!
+//! Place in the data path: client (qemu, fio, nbdcopy, the kernel) --NBD-->
+//! **this crate** (protocol only) -> `BlockDevice` (the binary's adapter to
+//! the squeeze volume). It knows nothing of compression (STYLE habit 9).
+//!
+//! Modules, in the order a connection meets them:
+//! - `server`: listeners (TCP, Unix), one reader thread per connection, a
+//!   shared worker pool, in-flight limits, shutdown;
+//! - `handshake`: the fixed newstyle option phase;
+//! - `request`: request parsing, validation and errno mapping;
+//! - `reply`: simple and structured reply encoding;
+//! - `device`: the `BlockDevice` trait and the sparse `MemDevice`;
+//! - `proto`: wire constants; `stats`: counters.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use squeeze_nbd::{Export, MemDevice, Server};
+//! let server = Server::new(vec![Export {
+//!     name: "mem".into(),
+//!     description: "scratch".into(),
+//!     device: Arc::new(MemDevice::new(1 << 30)),
+//! }])?;
+//! let stop = server.shutdown_handle();
+//! std::thread::spawn(move || { /* on SIGTERM: */ stop.shutdown(); });
+//! server.serve_unix("/tmp/mem.sock")?; // returns after shutdown
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod device;
+pub mod handshake;
+pub mod proto;
+mod reply;
+pub mod request;
+pub mod server;
+pub mod stats;
+
+pub use device::{BlockDevice, MemDevice, MEM_PAGE_BYTES};
+pub use handshake::HandshakeError;
+pub use request::errno_for;
+pub use server::{Export, Listener, Server, ServerConfig, ServerError, ShutdownHandle};
+pub use stats::{RequestCounts, ServerStats};
