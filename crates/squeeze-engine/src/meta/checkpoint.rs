@@ -1,0 +1,174 @@
+//! Writing a checkpoint: a snapshot of the map exactly at a log position,
+//! written into free segments, made current by a superblock write.
+//!
+//! Steps, and what a crash after each leaves:
+//! 1. Under the log lock, wait until every reserved record is installed,
+//!    then snapshot the map, the usage and the head. (Nothing on disk.)
+//! 2. Sync: every record before the head is durable. (Old checkpoint +
+//!    replay still rebuild the same state.)
+//! 3. Write the stream into newly allocated free segments and sync.
+//!    (Those segments were free: nothing refers to them yet.)
+//! 4. Write the superblock naming the new checkpoint and sync: from here
+//!    recovery starts at the new head.
+//! 5. Free the old checkpoint's segments and every log segment that lies
+//!    wholly before the head and held no live sector in the snapshot;
+//!    punch them out of the file. (Nothing durable refers to them.)
+
+use crate::error::{EngineError, Result};
+use crate::meta::superblock as sbio;
+use crate::space::{SegState, SegmentId};
+use crate::stats::{Counter, COUNTERS};
+use crate::volume::Inner;
+use squeeze_format::checkpoint::{CHECKPOINT_HEADER_SIZE, CHUNK_BYTES};
+use squeeze_format::{checksum, CheckpointHeader, CheckpointRef, CheckpointWriter, DATA_START};
+
+/// Bytes of a checkpoint stream holding `chunks` map chunks.
+pub fn stream_len(chunks: u64) -> u64 {
+    (CHECKPOINT_HEADER_SIZE + 8 * COUNTERS) as u64 + chunks * CHUNK_BYTES as u64
+}
+
+/// Writes a checkpoint; with `clean`, also marks the volume cleanly closed.
+pub fn write(inner: &Inner, clean: bool) -> Result<()> {
+    let _one = inner.ckpt_lock.lock();
+    if let Some(why) = inner.poisoned.lock().clone() {
+        return Err(EngineError::ReadOnly(why));
+    }
+    // 1. Snapshot at the head.
+    let (snapshot, usage, head_offset, next_seq, freeable, generation) = {
+        let mut log = inner.log.lock();
+        let t = inner.tickets.issued();
+        inner.tickets.wait_below(t);
+        let st = inner.state.read();
+        let head_seq = match log.table.state(log.head_segment) {
+            SegState::Log { opened_seq } => opened_seq,
+            _ => 0,
+        };
+        let freeable: Vec<SegmentId> = log
+            .table
+            .iter()
+            .filter(|&(s, state)| match state {
+                SegState::Log { opened_seq } => {
+                    opened_seq < head_seq && st.usage.get(s).live_sectors == 0
+                }
+                _ => false,
+            })
+            .map(|(s, _)| s)
+            .collect();
+        log.bytes_since_checkpoint = 0;
+        let generation = inner.sb.lock().generation + 1;
+        (
+            st.map.snapshot(),
+            st.usage.live_bytes,
+            log.head_offset,
+            log.next_seq,
+            freeable,
+            generation,
+        )
+    };
+    let _ = usage;
+    let fail = |e: EngineError| {
+        inner.poison(&e);
+        e
+    };
+    // 2. Everything before the head is durable.
+    inner.storage.sync().map_err(|e| fail(e.into()))?;
+    // 3. The stream.
+    let header = CheckpointHeader {
+        uuid: inner.uuid,
+        generation,
+        next_seq,
+        head_offset,
+    };
+    let mut w = CheckpointWriter::new(&header, &inner.counters.snapshot(), snapshot.len());
+    for (index, entries) in &snapshot {
+        w.push_chunk(*index, entries);
+    }
+    drop(snapshot);
+    let stream = w.finish();
+    let n_segs = (stream.len() as u64).div_ceil(inner.seg_size);
+    if n_segs as usize > squeeze_format::superblock::MAX_CKPT_SEGMENTS {
+        return Err(EngineError::NoSpace(format!(
+            "checkpoint needs {n_segs} segments; use a larger segment size"
+        )));
+    }
+    let segs = allocate_segments(inner, n_segs)?;
+    for (k, s) in segs.iter().enumerate() {
+        let from = k * inner.seg_size as usize;
+        let to = (from + inner.seg_size as usize).min(stream.len());
+        let off = DATA_START + u64::from(*s) * inner.seg_size;
+        if let Err(e) = inner.storage.write_at(&stream[from..to], off) {
+            release(inner, &segs);
+            return Err(fail(e.into()));
+        }
+    }
+    inner.storage.sync().map_err(|e| fail(e.into()))?;
+    // 4. Make it current.
+    let old = {
+        let mut sb = inner.sb.lock();
+        let old = std::mem::replace(
+            &mut sb.checkpoint,
+            CheckpointRef {
+                len: stream.len() as u64,
+                crc: checksum::crc32c(&stream),
+                segments: segs.clone(),
+            },
+        );
+        sb.clean = clean;
+        sbio::write(&*inner.storage, &mut sb).map_err(fail)?;
+        debug_assert_eq!(sb.generation, generation);
+        old
+    };
+    inner
+        .counters
+        .add(Counter::CheckpointBytes, stream.len() as u64 + 4096);
+    inner.counters.add(Counter::Checkpoints, 1);
+    // 5. Free what nothing durable needs any more.
+    let mut free = old.segments;
+    free.extend(freeable);
+    release(inner, &free);
+    inner
+        .counters
+        .add(Counter::SegmentsReclaimed, free.len() as u64);
+    Ok(())
+}
+
+fn allocate_segments(inner: &Inner, n: u64) -> Result<Vec<SegmentId>> {
+    let mut log = inner.log.lock();
+    let mut segs = Vec::new();
+    for _ in 0..n {
+        let Some(s) = log.table.pick_free() else {
+            for s in &segs {
+                log.table.set(*s, SegState::Free);
+            }
+            return Err(EngineError::NoSpace(
+                "no free segment for a checkpoint".into(),
+            ));
+        };
+        let off = DATA_START + u64::from(s) * inner.seg_size;
+        if let Err(e) = inner.storage.allocate(off, inner.seg_size) {
+            for s in &segs {
+                log.table.set(*s, SegState::Free);
+            }
+            return Err(EngineError::NoSpace(format!("checkpoint: {e}")));
+        }
+        log.table.set(s, SegState::Checkpoint);
+        segs.push(s);
+    }
+    Ok(segs)
+}
+
+/// Returns segments to the free list and punches them out of the file.
+pub(crate) fn release(inner: &Inner, segs: &[SegmentId]) {
+    if segs.is_empty() {
+        return;
+    }
+    let _gate = inner.gate.write();
+    let mut log = inner.log.lock();
+    for &s in segs {
+        let off = DATA_START + u64::from(s) * inner.seg_size;
+        if let Err(e) = inner.storage.punch(off, inner.seg_size) {
+            tracing::warn!("punching segment {s}: {e}");
+        }
+        log.table.set(s, SegState::Free);
+    }
+}

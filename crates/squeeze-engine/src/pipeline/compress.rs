@@ -1,0 +1,130 @@
+//! Stage 3: run the blobs the policy lets through the compression engine as
+//! one batch (so a CPU pool works on them in parallel, and an offload engine
+//! gets them together), and decide per blob what gets stored.
+
+use super::policy::{output_limit, plan, ActivePolicy, Hint, Plan};
+use super::split::Piece;
+use squeeze_codec::{CompressEngine, Job, JobOutput};
+use squeeze_format::{CodecId, SECTOR_SIZE};
+use std::sync::Arc;
+
+/// How a blob ended up stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The policy stored it raw without trying (mode none, below min_blob).
+    NotTried,
+    /// Stored compressed.
+    Compressed,
+    /// Compressed above the required ratio: stored raw.
+    Rejected,
+    /// The heuristic judged it hopeless: stored raw, no codec time spent.
+    Skipped,
+}
+
+#[derive(Debug)]
+pub enum Payload {
+    /// Bytes `start..start+len` of the input buffer, uncompressed.
+    Raw { start: usize },
+    Compressed { codec: CodecId, data: Vec<u8> },
+}
+
+/// One piece of the write, ready to append.
+#[derive(Debug)]
+pub enum Item {
+    Zero {
+        lba: u64,
+        sectors: u64,
+    },
+    Blob {
+        lba: u64,
+        sectors: u32,
+        payload: Payload,
+        outcome: Outcome,
+    },
+}
+
+impl Item {
+    pub fn payload<'a>(&'a self, buf: &'a [u8]) -> (CodecId, &'a [u8]) {
+        match self {
+            Item::Blob {
+                sectors,
+                payload: Payload::Raw { start },
+                ..
+            } => (
+                CodecId::None,
+                &buf[*start..*start + *sectors as usize * SECTOR_SIZE],
+            ),
+            Item::Blob {
+                payload: Payload::Compressed { codec, data },
+                ..
+            } => (*codec, data),
+            Item::Zero { .. } => (CodecId::None, &[]),
+        }
+    }
+}
+
+/// Encodes the pieces of `buf`. Returns the items and the CPU nanoseconds
+/// the codec spent.
+pub fn encode(
+    engine: &dyn CompressEngine,
+    policy: &ActivePolicy,
+    hint: Hint,
+    buf: &[u8],
+    pieces: &[Piece],
+) -> (Vec<Item>, u64) {
+    let mut items = Vec::with_capacity(pieces.len());
+    let mut jobs = Vec::new();
+    let mut job_items = Vec::new();
+    let mut input: Option<Arc<Vec<u8>>> = None;
+    for p in pieces {
+        match *p {
+            Piece::Zero { lba, sectors } => items.push(Item::Zero { lba, sectors }),
+            Piece::Data { lba, sectors, start } => {
+                let len = sectors as usize * SECTOR_SIZE;
+                let pl = plan(policy, hint, len);
+                if let Plan::Compress { heuristic } = pl {
+                    let input = input.get_or_insert_with(|| Arc::new(buf.to_vec())).clone();
+                    jobs.push(Job {
+                        input,
+                        range: start..start + len,
+                        limit: output_limit(&policy.policy, len),
+                        skip_if_incompressible: heuristic,
+                    });
+                    job_items.push(items.len());
+                }
+                items.push(Item::Blob {
+                    lba,
+                    sectors,
+                    payload: Payload::Raw { start },
+                    outcome: Outcome::NotTried,
+                });
+            }
+        }
+    }
+    if jobs.is_empty() {
+        return (items, 0);
+    }
+    let results = engine.compress_batch(policy.algorithm, jobs);
+    let mut cpu_ns = 0;
+    for (r, &i) in results.into_iter().zip(&job_items) {
+        cpu_ns += r.cpu_ns;
+        let Item::Blob {
+            payload, outcome, ..
+        } = &mut items[i]
+        else {
+            unreachable!("job for a zero piece");
+        };
+        match r.output {
+            JobOutput::Compressed(data) => {
+                *payload = Payload::Compressed {
+                    codec: policy.algorithm.codec,
+                    data,
+                };
+                *outcome = Outcome::Compressed;
+            }
+            JobOutput::TooBig => *outcome = Outcome::Rejected,
+            JobOutput::Skipped => *outcome = Outcome::Skipped,
+        }
+    }
+    (items, cpu_ns)
+}

@@ -1,0 +1,8 @@
+//! The write pipeline, one stage per module, in data-path order:
+//! [`split`] (sectors -> zero runs and blobs) -> [`policy`] (mode, hints,
+//! required ratio) -> [`compress`] (batch through the compression engine).
+//! The volume then appends the encoded blobs to the log.
+
+pub mod compress;
+pub mod policy;
+pub mod split;

@@ -1,0 +1,125 @@
+//! Stage 2: BlueStore's compression policy, with its meaning
+//! (DESIGN principle 5).
+//!
+//! Hints: `compression_mode` passive compresses only data hinted
+//! compressible, aggressive compresses unless hinted incompressible, force
+//! ignores hints. Applications that embed the engine pass a [`Hint`] with
+//! each write. NBD clients send none; for such writes ([`Hint::None`]) the
+//! sampling heuristic supplies the hint: a blob it judges hopeless is
+//! "incompressible", any other is "compressible". So over NBD passive and
+//! aggressive behave alike (both let the heuristic decide), and force skips
+//! the heuristic.
+//!
+//! Required ratio: a compressed blob is kept only if the bytes it really
+//! occupies (record header + payload, rounded to the 16-byte record
+//! alignment) are at most `required_ratio` x its raw size; otherwise it is
+//! stored raw and counted as rejected.
+
+use squeeze_codec::Algorithm;
+use squeeze_format::{align_record, CompressionMode, Policy, RECORD_ALIGN, RECORD_HEADER_SIZE};
+
+/// What the writer knows about its data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Hint {
+    #[default]
+    None,
+    Compressible,
+    Incompressible,
+}
+
+/// The policy in force, with its algorithm resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ActivePolicy {
+    pub policy: Policy,
+    pub algorithm: Algorithm,
+}
+
+impl ActivePolicy {
+    pub fn new(policy: Policy) -> ActivePolicy {
+        ActivePolicy {
+            policy,
+            algorithm: Algorithm::new(policy.codec, policy.level),
+        }
+    }
+    pub fn max_blob_sectors(&self) -> u32 {
+        self.policy.max_blob / squeeze_format::SECTOR_SIZE as u32
+    }
+}
+
+/// What to do with one blob.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Store raw without trying the codec.
+    Raw,
+    /// Run the codec; when `heuristic` is set, let the incompressibility
+    /// heuristic veto it first.
+    Compress { heuristic: bool },
+}
+
+pub fn plan(p: &ActivePolicy, hint: Hint, raw_len: usize) -> Plan {
+    use CompressionMode::*;
+    if p.policy.codec == squeeze_format::CodecId::None || raw_len < p.policy.min_blob as usize {
+        return Plan::Raw;
+    }
+    match (p.policy.mode, hint) {
+        (None, _) => Plan::Raw,
+        (Force, _) => Plan::Compress { heuristic: false },
+        (_, Hint::Incompressible) => Plan::Raw,
+        (_, Hint::Compressible) => Plan::Compress { heuristic: false },
+        (Passive | Aggressive, Hint::None) => Plan::Compress { heuristic: true },
+    }
+}
+
+/// Largest codec output that still meets the required ratio.
+pub fn output_limit(p: &Policy, raw_len: usize) -> usize {
+    let budget = (raw_len as u128 * u128::from(p.required_ratio_ppm) / 1_000_000) as u64;
+    let budget = budget / RECORD_ALIGN * RECORD_ALIGN;
+    budget.saturating_sub(RECORD_HEADER_SIZE as u64) as usize
+}
+
+/// Bytes a blob stored with `payload_len` bytes occupies.
+pub fn occupied(payload_len: usize) -> u64 {
+    align_record((RECORD_HEADER_SIZE + payload_len) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use squeeze_format::CodecId;
+
+    fn pol(mode: CompressionMode) -> ActivePolicy {
+        ActivePolicy::new(Policy {
+            codec: CodecId::Lz4,
+            level: 0,
+            mode,
+            required_ratio_ppm: 875_000,
+            min_blob: 8192,
+            max_blob: 131072,
+            recompress_codec: CodecId::None,
+            recompress_level: 0,
+        })
+    }
+
+    #[test]
+    fn modes_follow_bluestore() {
+        use CompressionMode::*;
+        assert_eq!(plan(&pol(None), Hint::Compressible, 65536), Plan::Raw);
+        assert_eq!(plan(&pol(Force), Hint::Incompressible, 65536), Plan::Compress { heuristic: false });
+        assert_eq!(plan(&pol(Aggressive), Hint::Incompressible, 65536), Plan::Raw);
+        assert_eq!(plan(&pol(Aggressive), Hint::None, 65536), Plan::Compress { heuristic: true });
+        assert_eq!(plan(&pol(Passive), Hint::Compressible, 65536), Plan::Compress { heuristic: false });
+        assert_eq!(plan(&pol(Passive), Hint::None, 65536), Plan::Compress { heuristic: true });
+        // below min_blob: never compressed
+        assert_eq!(plan(&pol(Force), Hint::None, 4096), Plan::Raw);
+    }
+
+    #[test]
+    fn limit_counts_header_and_alignment() {
+        let p = pol(CompressionMode::Force).policy;
+        let lim = output_limit(&p, 4096);
+        // 0.875 * 4096 = 3584 -> at most 3584 bytes occupied, 64 of them header
+        assert_eq!(lim, 3520);
+        assert!(occupied(lim) <= 3584);
+        assert!(occupied(lim + 1) > 3584);
+    }
+}

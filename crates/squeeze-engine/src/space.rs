@@ -1,0 +1,160 @@
+//! Segment accounting: which segments hold log records, which hold the
+//! current checkpoint, which are free, and how many live bytes and sectors
+//! each holds.
+//!
+//! Invariants:
+//! - live_bytes of a segment = sum of `stored_share` of the map entries that
+//!   point into it; live_sectors = number of such entries (kept by
+//!   `MapState::replace`, checked by `Volume::verify_accounting` in tests).
+//! - A segment is reused only after a durable checkpoint no longer needs it:
+//!   it held no live sector in that checkpoint's snapshot and every record in
+//!   it precedes the checkpoint's replay position (so neither the checkpoint
+//!   nor the replay after it can refer to it).
+
+use squeeze_format::MapEntry;
+use std::collections::BTreeSet;
+
+/// Identifier of a segment: its index after DATA_START.
+pub type SegmentId = u32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SegState {
+    /// Holds nothing anyone needs; its range is punched out of the file.
+    Free,
+    /// A log segment, opened with a SegmentHeader record of this seq.
+    Log { opened_seq: u64 },
+    /// Holds part of the newest durable checkpoint (or one being written).
+    Checkpoint,
+}
+
+/// Segment states and the free list (guarded by the log lock).
+pub struct SegmentTable {
+    states: Vec<SegState>,
+    free: BTreeSet<SegmentId>,
+    /// Segments the backing file may hold at most.
+    pub max_segments: u32,
+}
+
+impl SegmentTable {
+    pub fn new(max_segments: u32) -> SegmentTable {
+        SegmentTable {
+            states: Vec::new(),
+            free: BTreeSet::new(),
+            max_segments,
+        }
+    }
+
+    pub fn state(&self, s: SegmentId) -> SegState {
+        self.states.get(s as usize).copied().unwrap_or(SegState::Free)
+    }
+
+    pub fn set(&mut self, s: SegmentId, state: SegState) {
+        if self.states.len() <= s as usize {
+            let from = self.states.len() as u32;
+            self.states.resize(s as usize + 1, SegState::Free);
+            self.free.extend(from..s);
+        }
+        self.states[s as usize] = state;
+        if state == SegState::Free {
+            self.free.insert(s);
+        } else {
+            self.free.remove(&s);
+        }
+    }
+
+    /// Lowest free segment (keeps the file compact), if the cap allows.
+    pub fn pick_free(&self) -> Option<SegmentId> {
+        self.free
+            .first()
+            .copied()
+            .or_else(|| {
+                let next = self.states.len() as u32;
+                (next < self.max_segments).then_some(next)
+            })
+    }
+
+    /// Segments in use (not free).
+    pub fn used(&self) -> u32 {
+        self.states.len() as u32 - self.free.len() as u32
+    }
+
+    /// Free segments available, counting the untouched tail up to the cap.
+    pub fn available(&self) -> u64 {
+        self.free.len() as u64 + u64::from(self.max_segments.saturating_sub(self.states.len() as u32))
+    }
+
+    pub fn len(&self) -> u32 {
+        self.states.len() as u32
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (SegmentId, SegState)> + '_ {
+        self.states.iter().enumerate().map(|(i, s)| (i as u32, *s))
+    }
+}
+
+/// Live bytes and sectors of one segment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SegUsage {
+    pub live_bytes: u64,
+    pub live_sectors: u64,
+}
+
+/// Per-segment usage (guarded by the map lock, updated with every mapping).
+#[derive(Default, Clone)]
+pub struct Usage {
+    segs: Vec<SegUsage>,
+    /// Sum of live_bytes over all segments.
+    pub live_bytes: u64,
+}
+
+impl Usage {
+    pub fn get(&self, s: SegmentId) -> SegUsage {
+        self.segs.get(s as usize).copied().unwrap_or_default()
+    }
+
+    pub fn add(&mut self, s: SegmentId, e: MapEntry) {
+        if self.segs.len() <= s as usize {
+            self.segs.resize(s as usize + 1, SegUsage::default());
+        }
+        let u = &mut self.segs[s as usize];
+        u.live_bytes += e.stored_share();
+        u.live_sectors += 1;
+        self.live_bytes += e.stored_share();
+    }
+
+    pub fn remove(&mut self, s: SegmentId, e: MapEntry) {
+        let u = &mut self.segs[s as usize];
+        assert!(u.live_sectors > 0 && u.live_bytes >= e.stored_share());
+        u.live_bytes -= e.stored_share();
+        u.live_sectors -= 1;
+        self.live_bytes -= e.stored_share();
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (SegmentId, SegUsage)> + '_ {
+        self.segs.iter().enumerate().map(|(i, u)| (i as u32, *u))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_list_grows_and_caps() {
+        let mut t = SegmentTable::new(3);
+        assert_eq!(t.pick_free(), Some(0));
+        t.set(0, SegState::Log { opened_seq: 1 });
+        t.set(2, SegState::Checkpoint);
+        assert_eq!(t.pick_free(), Some(1));
+        t.set(1, SegState::Log { opened_seq: 2 });
+        assert_eq!(t.pick_free(), None);
+        assert_eq!(t.used(), 3);
+        t.set(0, SegState::Free);
+        assert_eq!(t.pick_free(), Some(0));
+        assert_eq!(t.available(), 1);
+    }
+}

@@ -1,0 +1,34 @@
+//! The storage layer under the engine (STYLE habit 6): the backing file, or
+//! an in-memory image that can crash and fail on demand, behind one trait,
+//! so crash and I/O-error tests run the real engine code.
+//!
+//! Contract: `write_at` is not durable until a later `sync` returns Ok;
+//! reads see every completed write; reading past the end yields zeros;
+//! `allocate` reserves room so later writes inside it cannot fail for lack
+//! of space; `punch` frees room and the range reads as zeros afterwards.
+
+mod file;
+mod sim;
+
+pub use file::FileStorage;
+pub use sim::{SimFaults, SimStorage};
+
+use std::io;
+
+pub trait Storage: Send + Sync {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every completed write durable (fdatasync).
+    fn sync(&self) -> io::Result<()>;
+    /// Current length of the backing store in bytes.
+    fn len(&self) -> io::Result<u64>;
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+    /// Reserves room for `[offset, offset+len)`, extending the store.
+    fn allocate(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// Releases the room of `[offset, offset+len)`; it reads as zeros.
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// Bytes the store occupies on its device (what `du` counts).
+    fn physical_bytes(&self) -> io::Result<u64>;
+}

@@ -1,0 +1,272 @@
+//! A simulated disk for crash and fault tests: it keeps the image a reader
+//! sees and the image that would survive a power cut, and on `crash` keeps
+//! a random subset of the unsynced writes, torn at 4 KiB page granularity
+//! (the page cache may write back any page of any pending write, in any
+//! order). Faults (EIO, ENOSPC, failed sync, a capacity limit) are injected
+//! through [`SimFaults`].
+
+use super::Storage;
+use parking_lot::Mutex;
+use rand::Rng;
+use std::io;
+
+const PAGE: u64 = 4096;
+
+#[derive(Clone, Debug, Default)]
+pub struct SimFaults {
+    /// Fail this many upcoming writes with EIO (after `writes_before_fault` succeed).
+    pub write_eio: u32,
+    /// Writes to let through before `write_eio` starts failing.
+    pub writes_before_fault: u32,
+    /// Fail this many upcoming syncs with EIO.
+    pub sync_eio: u32,
+    /// Fail this many upcoming reads with EIO.
+    pub read_eio: u32,
+    /// Bytes the device can hold: allocation past it fails with ENOSPC.
+    pub capacity: Option<u64>,
+    /// Power fails at this write (counted from when the faults are set):
+    /// that write and every later I/O fail and change nothing, and
+    /// [`SimStorage::crash`] then builds the image from what came before.
+    pub crash_at_write: Option<u64>,
+}
+
+enum Pending {
+    Write { offset: u64, data: Vec<u8> },
+    Punch { offset: u64, len: u64 },
+}
+
+struct Inner {
+    live: Vec<u8>,
+    durable: Vec<u8>,
+    pending: Vec<Pending>,
+    allocated_end: u64,
+    faults: SimFaults,
+    writes: u64,
+    syncs: u64,
+    dead: bool,
+}
+
+pub struct SimStorage {
+    inner: Mutex<Inner>,
+}
+
+impl Default for SimStorage {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SimStorage {
+    pub fn new() -> SimStorage {
+        SimStorage {
+            inner: Mutex::new(Inner {
+                live: Vec::new(),
+                durable: Vec::new(),
+                pending: Vec::new(),
+                allocated_end: 0,
+                faults: SimFaults::default(),
+                writes: 0,
+                syncs: 0,
+                dead: false,
+            }),
+        }
+    }
+
+    /// True once the simulated power cut has happened.
+    pub fn is_dead(&self) -> bool {
+        self.inner.lock().dead
+    }
+
+    pub fn set_faults(&self, faults: SimFaults) {
+        let mut g = self.inner.lock();
+        g.faults = faults;
+        g.writes = 0;
+    }
+
+    /// Number of write_at calls so far (to aim a crash at the n-th I/O).
+    pub fn writes(&self) -> u64 {
+        self.inner.lock().writes
+    }
+
+    pub fn syncs(&self) -> u64 {
+        self.inner.lock().syncs
+    }
+
+    /// Simulates a power cut: returns a new disk holding the durable image
+    /// plus a random selection of pages from unsynced writes, in issue order.
+    pub fn crash(&self, rng: &mut impl Rng) -> SimStorage {
+        let g = self.inner.lock();
+        let mut image = g.durable.clone();
+        for p in &g.pending {
+            match p {
+                Pending::Write { offset, data } => {
+                    let mut at = 0u64;
+                    while at < data.len() as u64 {
+                        let page_end = ((offset + at) / PAGE + 1) * PAGE - offset;
+                        let end = page_end.min(data.len() as u64);
+                        if rng.gen_bool(0.5) {
+                            put(&mut image, offset + at, &data[at as usize..end as usize]);
+                        }
+                        at = end;
+                    }
+                }
+                Pending::Punch { offset, len } => {
+                    if rng.gen_bool(0.5) {
+                        zero(&mut image, *offset, *len);
+                    }
+                }
+            }
+        }
+        let len = image.len() as u64;
+        SimStorage {
+            inner: Mutex::new(Inner {
+                live: image.clone(),
+                durable: image,
+                pending: Vec::new(),
+                allocated_end: len.max(g.allocated_end),
+                faults: SimFaults::default(),
+                writes: 0,
+                syncs: 0,
+                dead: false,
+            }),
+        }
+    }
+
+    /// Flips one bit in both images (bit rot on the medium).
+    pub fn flip_bit(&self, offset: u64, bit: u8) {
+        let mut g = self.inner.lock();
+        let g = &mut *g;
+        for img in [&mut g.live, &mut g.durable] {
+            if (offset as usize) < img.len() {
+                img[offset as usize] ^= 1 << bit;
+            }
+        }
+    }
+}
+
+fn put(img: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    let end = offset as usize + data.len();
+    if img.len() < end {
+        img.resize(end, 0);
+    }
+    img[offset as usize..end].copy_from_slice(data);
+}
+
+fn zero(img: &mut [u8], offset: u64, len: u64) {
+    let start = (offset as usize).min(img.len());
+    let end = ((offset + len) as usize).min(img.len());
+    img[start..end].fill(0);
+}
+
+fn eio(what: &str) -> io::Error {
+    io::Error::other(format!("injected EIO on {what}"))
+}
+
+fn dead() -> io::Error {
+    io::Error::other("simulated power cut")
+}
+
+impl Storage for SimStorage {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut g = self.inner.lock();
+        if g.dead {
+            return Err(dead());
+        }
+        if g.faults.read_eio > 0 {
+            g.faults.read_eio -= 1;
+            return Err(eio("read"));
+        }
+        buf.fill(0);
+        let start = (offset as usize).min(g.live.len());
+        let end = (offset as usize + buf.len()).min(g.live.len());
+        buf[..end - start].copy_from_slice(&g.live[start..end]);
+        Ok(())
+    }
+
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        let mut g = self.inner.lock();
+        if g.dead {
+            return Err(dead());
+        }
+        g.writes += 1;
+        if g.faults.crash_at_write == Some(g.writes) {
+            g.dead = true;
+            return Err(dead());
+        }
+        if g.faults.writes_before_fault > 0 {
+            g.faults.writes_before_fault -= 1;
+        } else if g.faults.write_eio > 0 {
+            g.faults.write_eio -= 1;
+            return Err(eio("write"));
+        }
+        if let Some(cap) = g.faults.capacity {
+            if offset + data.len() as u64 > cap.max(g.allocated_end) {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+        }
+        put(&mut g.live, offset, data);
+        g.pending.push(Pending::Write {
+            offset,
+            data: data.to_vec(),
+        });
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let mut g = self.inner.lock();
+        if g.dead {
+            return Err(dead());
+        }
+        g.syncs += 1;
+        if g.faults.sync_eio > 0 {
+            g.faults.sync_eio -= 1;
+            // Like Linux after a failed fsync: the dirty pages may be gone.
+            g.pending.clear();
+            return Err(eio("sync"));
+        }
+        g.durable = g.live.clone();
+        g.pending.clear();
+        Ok(())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.inner.lock().live.len() as u64)
+    }
+
+    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut g = self.inner.lock();
+        if g.dead {
+            return Err(dead());
+        }
+        if let Some(cap) = g.faults.capacity {
+            if offset + len > cap {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+        }
+        g.allocated_end = g.allocated_end.max(offset + len);
+        if (g.live.len() as u64) < offset + len {
+            let n = (offset + len) as usize;
+            g.live.resize(n, 0);
+        }
+        Ok(())
+    }
+
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut g = self.inner.lock();
+        if g.dead {
+            return Err(dead());
+        }
+        zero(&mut g.live, offset, len);
+        g.pending.push(Pending::Punch { offset, len });
+        Ok(())
+    }
+
+    fn physical_bytes(&self) -> io::Result<u64> {
+        let g = self.inner.lock();
+        Ok(g.live
+            .chunks(PAGE as usize)
+            .filter(|p| p.iter().any(|&b| b != 0))
+            .count() as u64
+            * PAGE)
+    }
+}

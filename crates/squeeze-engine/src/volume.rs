@@ -1,0 +1,1132 @@
+//! The volume: a thin-provisioned LBA space of 4 KiB sectors over one
+//! backing store. It owns the flush/FUA semantics and ties the stages of
+//! the data path together:
+//!
+//! write: range lock -> read-modify-write of partial sectors ->
+//!        pipeline (split, policy, compress) -> log reservation (seq and
+//!        offsets, under the log lock) -> positional write -> map install
+//!        (under the map lock) -> ticket complete
+//! read:  map lookup (under the map lock and the reclaim gate) ->
+//!        record read -> header and payload checksums -> decompress
+//!
+//! Invariants:
+//! - Log order = map order for every sector: overlapping writers are
+//!   serialised by the range locks, and seq is assigned under the log lock.
+//! - A write is durable once a flush that started after it returned:
+//!   flush waits for every ticket issued before it, then syncs.
+//! - After any failed write or sync, the volume turns read-only until
+//!   reopened (it cannot know what reached the medium).
+
+use crate::error::{EngineError, Result};
+use crate::locks::{RangeLocks, Tickets};
+use crate::map::SectorMap;
+use crate::meta::{checkpoint, recovery, superblock as sbio};
+use crate::pipeline::compress::{encode, Item, Outcome};
+use crate::pipeline::policy::{ActivePolicy, Hint};
+use crate::pipeline::split::split;
+use crate::space::{SegState, SegmentId, SegmentTable, Usage};
+use crate::stats::{Counter, Counters, VolumeStats};
+use crate::storage::Storage;
+use parking_lot::{Condvar, Mutex, RwLock};
+use squeeze_codec::{CompressEngine, CpuPool};
+use squeeze_format::{
+    checksum, CheckpointRef, CodecId, CompressionMode, MapEntry, Policy, RecordHeader, RecordKind,
+    Superblock, DATA_START, MAX_BACKING_BYTES, RECORD_HEADER_SIZE, SECTOR_SIZE,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+const SECTOR: u64 = SECTOR_SIZE as u64;
+/// Most bytes of client data one pipeline batch carries (bounds the memory
+/// a single request pins while it is compressed).
+pub const BATCH_BYTES_MAX: usize = 4 << 20;
+/// Log bytes after which the background thread writes a checkpoint.
+pub const CHECKPOINT_LOG_BYTES: u64 = 256 << 20;
+/// The sequence-number gap left after a recovery, so that records written
+/// before a crash but never replayed can never be mistaken for new ones.
+pub const SEQ_JUMP_AFTER_RECOVERY: u64 = 1 << 32;
+
+/// Parameters of a new volume.
+#[derive(Clone, Debug)]
+pub struct CreateOptions {
+    pub logical_size: u64,
+    pub segment_size: u64,
+    /// Cap on the backing store's allocated bytes (0 = none).
+    pub max_physical: u64,
+    pub policy: Policy,
+}
+
+impl CreateOptions {
+    pub fn new(logical_size: u64) -> CreateOptions {
+        CreateOptions {
+            logical_size,
+            segment_size: 32 << 20,
+            max_physical: 0,
+            policy: default_policy(),
+        }
+    }
+}
+
+/// The default policy (see docs/ARCHITECTURE.md for the measurements).
+pub fn default_policy() -> Policy {
+    Policy {
+        codec: CodecId::Lz4,
+        level: 0,
+        mode: CompressionMode::Aggressive,
+        required_ratio_ppm: 875_000,
+        min_blob: 4096,
+        max_blob: 64 << 10,
+        recompress_codec: CodecId::None,
+        recompress_level: 0,
+    }
+}
+
+/// How to open a volume.
+#[derive(Clone, Default)]
+pub struct OpenOptions {
+    /// Open without writing anything (recovery happens in memory only).
+    pub read_only: bool,
+    /// Compression engine; default a CPU pool with one thread per core.
+    pub engine: Option<Arc<dyn CompressEngine>>,
+    /// Run the background maintenance thread (periodic checkpoints).
+    pub background: bool,
+}
+
+pub(crate) struct LogState {
+    pub head_offset: u64,
+    pub head_segment: SegmentId,
+    pub next_seq: u64,
+    pub table: SegmentTable,
+    pub bytes_since_checkpoint: u64,
+}
+
+pub(crate) struct MapState {
+    pub map: SectorMap,
+    pub usage: Usage,
+}
+
+impl MapState {
+    /// Points `lba` at `new`, keeping segment usage in step.
+    pub fn replace(&mut self, lba: u64, new: MapEntry, seg_size: u64) -> MapEntry {
+        let old = self.map.set(lba, new);
+        if old.is_mapped() {
+            self.usage.remove(segment_of(old.record_offset(), seg_size), old);
+        }
+        if new.is_mapped() {
+            self.usage.add(segment_of(new.record_offset(), seg_size), new);
+        }
+        old
+    }
+
+    /// Unmaps `[lba, lba+n)`, visiting mapped sectors only.
+    pub fn unmap(&mut self, lba: u64, n: u64, seg_size: u64) {
+        let end = lba + n;
+        let mut at = lba;
+        while let Some(l) = self.map.next_mapped(at, end) {
+            self.replace(l, MapEntry::UNMAPPED, seg_size);
+            at = l + 1;
+        }
+    }
+
+    /// Applies a record at `offset` (runtime install and replay alike).
+    pub fn apply(&mut self, h: &RecordHeader, offset: u64, seg_size: u64) {
+        match h.kind {
+            RecordKind::Extent => {
+                for i in 0..h.sectors {
+                    let e = MapEntry::new(offset, i, h.sectors, h.record_len());
+                    self.replace(h.lba + u64::from(i), e, seg_size);
+                }
+            }
+            RecordKind::Relocate => {
+                for i in 0..h.sectors {
+                    let lba = h.lba + u64::from(i);
+                    let cur = self.map.get(lba);
+                    if cur.is_mapped() && cur.record_offset() == h.aux && cur.index() == i {
+                        let e = MapEntry::new(offset, i, h.sectors, h.record_len());
+                        self.replace(lba, e, seg_size);
+                    }
+                }
+            }
+            RecordKind::Zero => self.unmap(h.lba, u64::from(h.sectors), seg_size),
+            RecordKind::SegmentHeader => {}
+        }
+    }
+}
+
+pub(crate) fn segment_of(offset: u64, seg_size: u64) -> SegmentId {
+    assert!(offset >= DATA_START);
+    ((offset - DATA_START) / seg_size) as SegmentId
+}
+
+pub(crate) struct Inner {
+    pub storage: Arc<dyn Storage>,
+    pub uuid: [u8; 16],
+    pub logical_size: u64,
+    pub seg_size: u64,
+    pub sb: Mutex<Superblock>,
+    pub policy: RwLock<ActivePolicy>,
+    pub engine: Arc<dyn CompressEngine>,
+    pub log: Mutex<LogState>,
+    pub state: RwLock<MapState>,
+    pub ranges: RangeLocks,
+    pub tickets: Tickets,
+    /// Readers hold it shared from map lookup to the end of their read;
+    /// freeing segments takes it exclusively, so no reader ever reads a
+    /// segment after it was handed out again.
+    pub gate: RwLock<()>,
+    pub sync_lock: Mutex<u64>,
+    pub ckpt_lock: Mutex<()>,
+    pub counters: Counters,
+    pub poisoned: Mutex<Option<String>>,
+    pub read_only: bool,
+    pub stop: (Mutex<bool>, Condvar),
+}
+
+/// A squeeze volume. Safe for many concurrent callers.
+pub struct Volume {
+    pub(crate) inner: Arc<Inner>,
+    maintenance: Option<std::thread::JoinHandle<()>>,
+    closed: bool,
+}
+
+/// One slot of a log reservation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Placement {
+    pub offset: u64,
+    pub seq: u64,
+    /// `None` for a segment header the reservation inserted.
+    pub item: Option<usize>,
+    pub segment: SegmentId,
+}
+
+impl Volume {
+    /// Creates a new volume on an empty store.
+    pub fn create(storage: Arc<dyn Storage>, opts: &CreateOptions) -> Result<Volume> {
+        Self::create_with(storage, opts, OpenOptions::default())
+    }
+
+    pub fn create_with(
+        storage: Arc<dyn Storage>,
+        opts: &CreateOptions,
+        open: OpenOptions,
+    ) -> Result<Volume> {
+        if opts.logical_size == 0 || opts.logical_size % SECTOR != 0 {
+            return Err(EngineError::Invalid(format!(
+                "size {} must be a positive multiple of {SECTOR}",
+                opts.logical_size
+            )));
+        }
+        if opts.max_physical != 0 && opts.max_physical < DATA_START + 4 * opts.segment_size {
+            return Err(EngineError::Invalid(format!(
+                "--max-physical must leave room for at least 4 segments ({} bytes)",
+                DATA_START + 4 * opts.segment_size
+            )));
+        }
+        let uuid: [u8; 16] = rand::random();
+        let sb = Superblock {
+            uuid,
+            generation: 0,
+            logical_size: opts.logical_size,
+            segment_size: u32::try_from(opts.segment_size)
+                .map_err(|_| EngineError::Invalid("segment size too large".into()))?,
+            max_physical: opts.max_physical,
+            policy: opts.policy,
+            created_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            clean: false,
+            checkpoint: CheckpointRef::default(),
+        };
+        sb.validate().map_err(|e| EngineError::Invalid(e.to_string()))?;
+        if !storage.is_empty()? {
+            return Err(EngineError::Invalid(
+                "the backing store is not empty; refusing to overwrite it".into(),
+            ));
+        }
+        storage.allocate(0, DATA_START)?;
+        let mut table = SegmentTable::new(max_segments(&sb));
+        // Segment 0 opens the log.
+        table.set(0, SegState::Log { opened_seq: 1 });
+        let seg0 = sb.segment_offset(0);
+        storage.allocate(seg0, opts.segment_size)?;
+        let mut hdr = [0u8; RECORD_HEADER_SIZE];
+        segment_header(&uuid, 1, 0).encode(&mut hdr);
+        storage.write_at(&hdr, seg0)?;
+        let log = LogState {
+            head_offset: seg0 + RECORD_HEADER_SIZE as u64,
+            head_segment: 0,
+            next_seq: 2,
+            table,
+            bytes_since_checkpoint: 0,
+        };
+        let state = MapState {
+            map: SectorMap::new(),
+            usage: Usage::default(),
+        };
+        let vol = Self::assemble(storage, sb, log, state, &[], open)?;
+        checkpoint::write(&vol.inner, false)?;
+        Ok(vol)
+    }
+
+    /// Opens an existing volume: newest valid superblock, its checkpoint,
+    /// then replay of the log after it.
+    pub fn open(storage: Arc<dyn Storage>, open: OpenOptions) -> Result<Volume> {
+        let sb = sbio::read(&*storage)?;
+        let rec = recovery::recover(&*storage, &sb)?;
+        let needs_checkpoint = !sb.clean;
+        let mut log = rec.log;
+        if needs_checkpoint {
+            log.next_seq += SEQ_JUMP_AFTER_RECOVERY;
+        }
+        let vol = Self::assemble(storage, sb, log, rec.state, &rec.counters, open)?;
+        if vol.inner.read_only {
+            return Ok(vol);
+        }
+        recovery::punch_free(&vol.inner)?;
+        if needs_checkpoint {
+            tracing::info!(
+                replayed = rec.replayed,
+                "volume was not closed cleanly; replayed the log and wrote a new checkpoint"
+            );
+            checkpoint::write(&vol.inner, false)?;
+        } else {
+            // Mark dirty: a crash from now on requires replay.
+            let mut sb = vol.inner.sb.lock();
+            sb.clean = false;
+            sbio::write(&*vol.inner.storage, &mut sb)?;
+        }
+        Ok(vol)
+    }
+
+    fn assemble(
+        storage: Arc<dyn Storage>,
+        sb: Superblock,
+        log: LogState,
+        state: MapState,
+        counters: &[u64],
+        open: OpenOptions,
+    ) -> Result<Volume> {
+        let engine = open.engine.clone().unwrap_or_else(|| {
+            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+            Arc::new(CpuPool::new(n))
+        });
+        let inner = Arc::new(Inner {
+            storage,
+            uuid: sb.uuid,
+            logical_size: sb.logical_size,
+            seg_size: u64::from(sb.segment_size),
+            policy: RwLock::new(ActivePolicy::new(sb.policy)),
+            sb: Mutex::new(sb),
+            engine,
+            log: Mutex::new(log),
+            state: RwLock::new(state),
+            ranges: RangeLocks::default(),
+            tickets: Tickets::default(),
+            gate: RwLock::new(()),
+            sync_lock: Mutex::new(0),
+            ckpt_lock: Mutex::new(()),
+            counters: Counters::default(),
+            poisoned: Mutex::new(None),
+            read_only: open.read_only,
+            stop: (Mutex::new(false), Condvar::new()),
+        });
+        inner.counters.load(counters);
+        let maintenance = (open.background && !open.read_only).then(|| {
+            let inner = inner.clone();
+            std::thread::Builder::new()
+                .name("sqz-maintenance".into())
+                .spawn(move || maintenance_loop(&inner))
+                .expect("spawn maintenance thread")
+        });
+        Ok(Volume {
+            inner,
+            maintenance,
+            closed: false,
+        })
+    }
+
+    /// Logical size in bytes.
+    pub fn size(&self) -> u64 {
+        self.inner.logical_size
+    }
+
+    pub fn uuid(&self) -> [u8; 16] {
+        self.inner.uuid
+    }
+
+    /// A copy of the superblock in force.
+    pub fn superblock(&self) -> Superblock {
+        self.inner.sb.lock().clone()
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.inner.policy.read().policy
+    }
+
+    /// Changes the policy for future writes and records it durably.
+    pub fn set_policy(&self, policy: Policy) -> Result<()> {
+        policy
+            .validate()
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        self.writable()?;
+        let mut sb = self.inner.sb.lock();
+        sb.policy = policy;
+        sbio::write(&*self.inner.storage, &mut sb).inspect_err(|e| self.inner.poison(e))?;
+        *self.inner.policy.write() = ActivePolicy::new(policy);
+        Ok(())
+    }
+
+    /// The compression engine writes go through.
+    pub fn engine(&self) -> &Arc<dyn CompressEngine> {
+        &self.inner.engine
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Err(EngineError::ReadOnly("opened read-only".into()));
+        }
+        if let Some(why) = self.inner.poisoned.lock().clone() {
+            return Err(EngineError::ReadOnly(why));
+        }
+        Ok(())
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.inner.logical_size)
+        {
+            return Err(EngineError::OutOfRange {
+                offset,
+                len,
+                size: self.inner.logical_size,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes at byte `offset`.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let first = offset / SECTOR;
+        let last = (offset + buf.len() as u64).div_ceil(SECTOR);
+        if offset % SECTOR == 0 && buf.len() % SECTOR_SIZE == 0 {
+            self.read_sectors(first, buf)?;
+        } else {
+            let mut tmp = vec![0u8; ((last - first) * SECTOR) as usize];
+            self.read_sectors(first, &mut tmp)?;
+            let skip = (offset - first * SECTOR) as usize;
+            buf.copy_from_slice(&tmp[skip..skip + buf.len()]);
+        }
+        self.inner
+            .counters
+            .add(Counter::BytesRead, buf.len() as u64);
+        Ok(())
+    }
+
+    /// Reads whole sectors from `lba` into `out`.
+    pub(crate) fn read_sectors(&self, lba: u64, out: &mut [u8]) -> Result<()> {
+        let inner = &*self.inner;
+        let n = out.len() / SECTOR_SIZE;
+        let _gate = inner.gate.read();
+        let entries: Vec<MapEntry> = {
+            let st = inner.state.read();
+            (0..n as u64).map(|i| st.map.get(lba + i)).collect()
+        };
+        let mut i = 0;
+        while i < n {
+            let e = entries[i];
+            if !e.is_mapped() {
+                out[i * SECTOR_SIZE..(i + 1) * SECTOR_SIZE].fill(0);
+                i += 1;
+                continue;
+            }
+            // Sectors i..j come from consecutive indices of one record.
+            let mut j = i + 1;
+            while j < n
+                && entries[j].record_offset() == e.record_offset()
+                && entries[j].index() == e.index() + (j - i) as u32
+            {
+                j += 1;
+            }
+            read_extent(
+                inner,
+                e,
+                lba + i as u64,
+                &mut out[i * SECTOR_SIZE..j * SECTOR_SIZE],
+            )?;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at byte `offset`; with `fua`, durable on return.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.write_hinted(offset, data, fua, Hint::None)
+    }
+
+    /// Writes with a compressibility hint (the embedding API's way to
+    /// drive passive and aggressive modes).
+    pub fn write_hinted(&self, offset: u64, data: &[u8], fua: bool, hint: Hint) -> Result<()> {
+        self.check_range(offset, data.len() as u64)?;
+        self.writable()?;
+        if data.is_empty() {
+            return if fua { self.flush() } else { Ok(()) };
+        }
+        let first = offset / SECTOR;
+        let last = (offset + data.len() as u64).div_ceil(SECTOR);
+        let _range = self.inner.ranges.lock(first, last);
+        if offset % SECTOR == 0 && data.len() % SECTOR_SIZE == 0 {
+            self.write_sectors(first, data, hint)?;
+        } else {
+            // Read-modify-write of the partial head and tail sectors.
+            let mut tmp = vec![0u8; ((last - first) * SECTOR) as usize];
+            let head_partial = offset % SECTOR != 0;
+            let tail_partial = (offset + data.len() as u64) % SECTOR != 0;
+            self.read_sectors(first, &mut tmp[..SECTOR_SIZE])?;
+            if last - first > 1 && tail_partial {
+                let t = tmp.len() - SECTOR_SIZE;
+                self.read_sectors(last - 1, &mut tmp[t..])?;
+            } else if !head_partial && tail_partial {
+                // single sector, aligned start: already read above
+            }
+            let skip = (offset - first * SECTOR) as usize;
+            tmp[skip..skip + data.len()].copy_from_slice(data);
+            self.write_sectors(first, &tmp, hint)?;
+        }
+        self.inner
+            .counters
+            .add(Counter::BytesWritten, data.len() as u64);
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_sectors(&self, lba: u64, data: &[u8], hint: Hint) -> Result<()> {
+        let policy = *self.inner.policy.read();
+        let max_blob = policy.max_blob_sectors();
+        let batch = BATCH_BYTES_MAX / policy.policy.max_blob as usize * policy.policy.max_blob as usize;
+        for (k, chunk) in data.chunks(batch).enumerate() {
+            let at = lba + (k * batch / SECTOR_SIZE) as u64;
+            let pieces = split(chunk, at, max_blob);
+            let zero_sectors: u64 = pieces
+                .iter()
+                .map(|p| match p {
+                    crate::pipeline::split::Piece::Zero { sectors, .. } => *sectors,
+                    _ => 0,
+                })
+                .sum();
+            self.inner
+                .counters
+                .add(Counter::ZeroSectorsWritten, zero_sectors);
+            let (items, cpu_ns) = encode(&*self.inner.engine, &policy, hint, chunk, &pieces);
+            self.inner.counters.add(Counter::CompressNs, cpu_ns);
+            self.append(&items, chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Trims `[offset, offset+len)`: whole sectors inside it are unmapped
+    /// (read as zeros, take no space); partial sectors are zeroed in place.
+    pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.zero_range(offset, len, fua)
+    }
+
+    /// Writes zeros over `[offset, offset+len)`; whole sectors become holes.
+    pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.zero_range(offset, len, fua)
+    }
+
+    fn zero_range(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.check_range(offset, len)?;
+        self.writable()?;
+        let end = offset + len;
+        let first_full = offset.div_ceil(SECTOR);
+        let last_full = end / SECTOR;
+        // Partial sectors at either edge: write zeros through the data path.
+        if first_full > last_full {
+            return self.write_hinted(offset, &vec![0u8; len as usize], fua, Hint::None);
+        }
+        if offset < first_full * SECTOR {
+            let n = (first_full * SECTOR - offset) as usize;
+            self.write_hinted(offset, &vec![0u8; n], false, Hint::None)?;
+        }
+        if end > last_full * SECTOR {
+            let n = (end - last_full * SECTOR) as usize;
+            self.write_hinted(last_full * SECTOR, &vec![0u8; n], false, Hint::None)?;
+        }
+        if last_full > first_full {
+            let _range = self.inner.ranges.lock(first_full, last_full);
+            let mut items = Vec::new();
+            let mut lba = first_full;
+            while lba < last_full {
+                let n = (last_full - lba).min(u64::from(u32::MAX));
+                items.push(Item::Zero { lba, sectors: n });
+                lba += n;
+            }
+            self.append(&items, &[])?;
+            self.inner
+                .counters
+                .add(Counter::SectorsTrimmed, last_full - first_full);
+        }
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Appends encoded items to the log and installs them in the map.
+    fn append(&self, items: &[Item], buf: &[u8]) -> Result<()> {
+        let inner = &*self.inner;
+        let lens: Vec<u64> = items
+            .iter()
+            .map(|it| crate::pipeline::policy::occupied(it.payload(buf).1.len()))
+            .collect();
+        let (placements, ticket) = match inner.reserve(&lens) {
+            Err(EngineError::NoSpace(_)) if inner.reclaimable() => {
+                // Dead segments wait for a checkpoint to be freed: write one.
+                checkpoint::write(inner, false)?;
+                inner.reserve(&lens)?
+            }
+            r => r?,
+        };
+        let result = self.write_placements(items, buf, &placements);
+        if let Err(e) = result {
+            inner.poison(&e);
+            inner.tickets.complete(ticket);
+            return Err(e);
+        }
+        {
+            let mut st = inner.state.write();
+            for p in placements.iter() {
+                let Some(i) = p.item else { continue };
+                let h = item_header(&inner.uuid, &items[i], buf, p.seq);
+                st.apply(&h, p.offset, inner.seg_size);
+            }
+        }
+        inner.tickets.complete(ticket);
+        let c = &inner.counters;
+        for (it, len) in items.iter().zip(&lens) {
+            match it {
+                Item::Zero { .. } => {}
+                Item::Blob {
+                    sectors, outcome, ..
+                } => {
+                    let raw = u64::from(*sectors) * SECTOR;
+                    let (codec, payload) = it.payload(buf);
+                    c.add(Counters::codec_bytes(codec), raw);
+                    c.add(Counter::ClientBytesCompressed, *len);
+                    match outcome {
+                        Outcome::Compressed => {
+                            c.add(Counter::BlobsCompressed, 1);
+                            c.add(Counter::RawIn, raw);
+                            c.add(Counter::StoredOut, payload.len() as u64);
+                        }
+                        Outcome::Rejected => c.add(Counter::BlobsRejected, 1),
+                        Outcome::Skipped | Outcome::NotTried => c.add(Counter::BlobsSkipped, 1),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes the records of a reservation and writes each contiguous run
+    /// with one positional write.
+    fn write_placements(&self, items: &[Item], buf: &[u8], placements: &[Placement]) -> Result<()> {
+        let inner = &*self.inner;
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_start = 0u64;
+        let mut total = 0u64;
+        for p in placements {
+            if !run.is_empty() && run_start + run.len() as u64 != p.offset {
+                inner.storage.write_at(&run, run_start)?;
+                total += run.len() as u64;
+                run.clear();
+            }
+            if run.is_empty() {
+                run_start = p.offset;
+            }
+            let at = run.len();
+            match p.item {
+                None => {
+                    run.resize(at + RECORD_HEADER_SIZE, 0);
+                    segment_header(&inner.uuid, p.seq, p.segment).encode(&mut run[at..]);
+                }
+                Some(i) => {
+                    let h = item_header(&inner.uuid, &items[i], buf, p.seq);
+                    let (_, payload) = items[i].payload(buf);
+                    run.resize(at + h.record_len() as usize, 0);
+                    h.encode(&mut run[at..]);
+                    run[at + RECORD_HEADER_SIZE..at + RECORD_HEADER_SIZE + payload.len()]
+                        .copy_from_slice(payload);
+                }
+            }
+        }
+        if !run.is_empty() {
+            inner.storage.write_at(&run, run_start)?;
+            total += run.len() as u64;
+        }
+        inner.counters.add(Counter::LogBytes, total);
+        Ok(())
+    }
+
+    /// Makes every write acknowledged before this call durable.
+    pub fn flush(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        self.inner.flush()
+    }
+
+    /// Writes a checkpoint now (frees segments whose data is all dead).
+    pub fn checkpoint(&self) -> Result<()> {
+        self.writable()?;
+        checkpoint::write(&self.inner, false)
+    }
+
+    /// Allocation status of `[offset, offset+len)`: runs of (length, hole).
+    /// Zero sectors are holes. Stops after `max_runs` runs.
+    pub fn block_status(&self, offset: u64, len: u64, max_runs: usize) -> Result<Vec<(u64, bool)>> {
+        self.check_range(offset, len)?;
+        let end = offset + len;
+        let st = self.inner.state.read();
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        let mut at = offset;
+        while at < end && runs.len() < max_runs {
+            let lba = at / SECTOR;
+            let mapped = st.map.get(lba).is_mapped();
+            let mut next = if mapped {
+                let mut l = lba + 1;
+                while l * SECTOR < end && st.map.get(l).is_mapped() {
+                    l += 1;
+                }
+                l * SECTOR
+            } else {
+                let limit = end.div_ceil(SECTOR);
+                st.map.next_mapped(lba, limit).unwrap_or(limit) * SECTOR
+            };
+            next = next.min(end);
+            match runs.last_mut() {
+                Some((l, h)) if *h == !mapped => *l += next - at,
+                _ => runs.push((next - at, !mapped)),
+            }
+            at = next;
+        }
+        Ok(runs)
+    }
+
+    /// A point-in-time view of the counters and space.
+    pub fn stats(&self) -> VolumeStats {
+        let inner = &*self.inner;
+        let c = &inner.counters;
+        let (mapped, stored, map_mem) = {
+            let st = inner.state.read();
+            (st.map.mapped(), st.usage.live_bytes, st.map.memory_bytes())
+        };
+        let (segments_total, segments_free, available) = {
+            let log = inner.log.lock();
+            (
+                u64::from(log.table.len()),
+                u64::from(log.table.len() - log.table.used()),
+                log.table.available(),
+            )
+        };
+        let physical = inner.storage.physical_bytes().unwrap_or(0);
+        let allocated = (segments_total - segments_free) * inner.seg_size + DATA_START;
+        let mapped_bytes = mapped * SECTOR;
+        let mut per_alg = std::collections::BTreeMap::new();
+        for codec in CodecId::ALL {
+            per_alg.insert(codec.name().to_string(), c.get(Counters::codec_bytes(codec)));
+        }
+        let client = c.get(Counter::ClientBytesCompressed);
+        VolumeStats {
+            logical_size: inner.logical_size,
+            bytes_written: c.get(Counter::BytesWritten),
+            bytes_read: c.get(Counter::BytesRead),
+            mapped_bytes,
+            zero_sectors_written: c.get(Counter::ZeroSectorsWritten),
+            sectors_trimmed: c.get(Counter::SectorsTrimmed),
+            stored_bytes: stored,
+            physical_bytes: physical,
+            allocated_bytes: allocated,
+            free_physical_bytes: available * inner.seg_size,
+            compression_ratio: ratio(mapped_bytes, stored),
+            effective_ratio: ratio(mapped_bytes, physical),
+            bytes_per_algorithm: per_alg,
+            blobs_compressed: c.get(Counter::BlobsCompressed),
+            blobs_rejected: c.get(Counter::BlobsRejected),
+            blobs_skipped: c.get(Counter::BlobsSkipped),
+            compress_cpu_seconds: c.get(Counter::CompressNs) as f64 / 1e9,
+            decompress_cpu_seconds: c.get(Counter::DecompressNs) as f64 / 1e9,
+            log_bytes_written: c.get(Counter::LogBytes),
+            checkpoint_bytes_written: c.get(Counter::CheckpointBytes),
+            checkpoints: c.get(Counter::Checkpoints),
+            write_amplification: if client == 0 {
+                0.0
+            } else {
+                (c.get(Counter::LogBytes) + c.get(Counter::CheckpointBytes)) as f64 / client as f64
+            },
+            checksum_errors: c.get(Counter::ChecksumErrors),
+            segments_total,
+            segments_free,
+            segments_reclaimed: c.get(Counter::SegmentsReclaimed),
+            segment_size: inner.seg_size,
+            map_memory_bytes: map_mem,
+            map_bytes_per_mapped_sector: if mapped == 0 {
+                0.0
+            } else {
+                map_mem as f64 / mapped as f64
+            },
+            read_only_reason: inner.poisoned.lock().clone(),
+        }
+    }
+
+    /// Flushes, writes a final checkpoint and marks the volume clean.
+    pub fn close(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        {
+            let (m, cv) = &self.inner.stop;
+            *m.lock() = true;
+            cv.notify_all();
+        }
+        if let Some(h) = self.maintenance.take() {
+            let _ = h.join();
+        }
+        if self.inner.read_only || self.inner.poisoned.lock().is_some() {
+            return Ok(());
+        }
+        checkpoint::write(&self.inner, true)
+    }
+
+    /// Verifies the accounting invariants (tests and `check`): usage equals
+    /// what the map implies.
+    pub fn verify_accounting(&self) -> Result<(), String> {
+        let st = self.inner.state.read();
+        let mut u = Usage::default();
+        for (_, e) in st.map.iter_mapped() {
+            u.add(segment_of(e.record_offset(), self.inner.seg_size), e);
+        }
+        for (s, got) in st.usage.iter() {
+            if got != u.get(s) {
+                return Err(format!("segment {s}: usage {got:?}, map implies {:?}", u.get(s)));
+            }
+        }
+        if u.live_bytes != st.usage.live_bytes {
+            return Err("total live bytes differ".into());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::error!("closing volume: {e}");
+        }
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        if a == 0 {
+            1.0
+        } else {
+            f64::INFINITY
+        }
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+pub(crate) fn max_segments(sb: &Superblock) -> u32 {
+    let cap = if sb.max_physical == 0 {
+        MAX_BACKING_BYTES
+    } else {
+        sb.max_physical
+    };
+    (cap.saturating_sub(DATA_START) / u64::from(sb.segment_size)).min(u64::from(u32::MAX)) as u32
+}
+
+pub(crate) fn segment_header(uuid: &[u8; 16], seq: u64, segment: SegmentId) -> RecordHeader {
+    RecordHeader {
+        kind: RecordKind::SegmentHeader,
+        codec: CodecId::None,
+        seq,
+        uuid: *uuid,
+        lba: 0,
+        sectors: 0,
+        stored_len: 0,
+        aux: u64::from(segment),
+        payload_crc: 0,
+    }
+}
+
+fn item_header(uuid: &[u8; 16], item: &Item, buf: &[u8], seq: u64) -> RecordHeader {
+    match item {
+        Item::Zero { lba, sectors } => RecordHeader {
+            kind: RecordKind::Zero,
+            codec: CodecId::None,
+            seq,
+            uuid: *uuid,
+            lba: *lba,
+            sectors: *sectors as u32,
+            stored_len: 0,
+            aux: 0,
+            payload_crc: 0,
+        },
+        Item::Blob { lba, sectors, .. } => {
+            let (codec, payload) = item.payload(buf);
+            RecordHeader {
+                kind: RecordKind::Extent,
+                codec,
+                seq,
+                uuid: *uuid,
+                lba: *lba,
+                sectors: *sectors,
+                stored_len: payload.len() as u32,
+                aux: 0,
+                payload_crc: checksum::crc32c(payload),
+            }
+        }
+    }
+}
+
+thread_local! {
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    static RAW_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Reads the sectors `out` covers from the record `e` points at (the first
+/// of them is `lba`, at index `e.index()` of the record).
+pub(crate) fn read_extent(inner: &Inner, e: MapEntry, lba: u64, out: &mut [u8]) -> Result<()> {
+    let corrupt = |source| {
+        inner.counters.add(Counter::ChecksumErrors, 1);
+        EngineError::Corrupt { lba, source }
+    };
+    READ_BUF.with_borrow_mut(|rec| {
+        rec.resize(e.record_len() as usize, 0);
+        inner.storage.read_at(rec, e.record_offset())?;
+        let h = RecordHeader::decode(rec).map_err(corrupt)?;
+        let expect_lba = lba - u64::from(e.index());
+        if h.uuid != inner.uuid
+            || !h.kind.has_payload()
+            || h.lba != expect_lba
+            || h.sectors != e.sectors()
+            || h.record_len() != e.record_len()
+        {
+            return Err(corrupt(squeeze_format::FormatError::Invalid {
+                what: "record",
+                why: format!(
+                    "map points at a record for LBA {} x{} ({:?}), expected LBA {expect_lba} x{}",
+                    h.lba,
+                    h.sectors,
+                    h.kind,
+                    e.sectors()
+                ),
+            }));
+        }
+        let payload = &rec[RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + h.stored_len as usize];
+        squeeze_format::record::verify_payload(&h, payload).map_err(corrupt)?;
+        let first = e.index() as usize * SECTOR_SIZE;
+        if h.codec == CodecId::None {
+            out.copy_from_slice(&payload[first..first + out.len()]);
+            return Ok(());
+        }
+        let t0 = crate::cpu_time_ns();
+        let res = if first == 0 && out.len() == h.raw_len() {
+            squeeze_codec::decompress(h.codec, payload, out)
+        } else {
+            RAW_BUF.with_borrow_mut(|raw| {
+                raw.resize(h.raw_len(), 0);
+                let r = squeeze_codec::decompress(h.codec, payload, raw);
+                if r.is_ok() {
+                    out.copy_from_slice(&raw[first..first + out.len()]);
+                }
+                r
+            })
+        };
+        inner
+            .counters
+            .add(Counter::DecompressNs, crate::cpu_time_ns().saturating_sub(t0));
+        res.map_err(|source| {
+            inner.counters.add(Counter::ChecksumErrors, 1);
+            EngineError::Codec { lba, source }
+        })
+    })
+}
+
+impl Inner {
+    pub(crate) fn poison(&self, e: &EngineError) {
+        let mut p = self.poisoned.lock();
+        if p.is_none() {
+            tracing::error!("volume turns read-only: {e}");
+            *p = Some(e.to_string());
+        }
+    }
+
+    pub(crate) fn flush(&self) -> Result<()> {
+        if let Some(why) = self.poisoned.lock().clone() {
+            return Err(EngineError::ReadOnly(why));
+        }
+        let target = self.tickets.issued();
+        self.tickets.wait_below(target);
+        let mut synced = self.sync_lock.lock();
+        if *synced >= target {
+            return Ok(());
+        }
+        let upto = self.tickets.issued();
+        self.tickets.wait_below(upto);
+        if let Err(e) = self.storage.sync() {
+            let e = EngineError::Io(e);
+            self.poison(&e);
+            return Err(e);
+        }
+        *synced = upto;
+        self.counters.add(Counter::Flushes, 1);
+        Ok(())
+    }
+
+    /// Segments a checkpoint of the current map needs.
+    pub(crate) fn checkpoint_segments_needed(&self, extra_chunks: u64) -> u64 {
+        let chunks = self.state.read().map.chunk_count() as u64 + extra_chunks;
+        checkpoint::stream_len(chunks).div_ceil(self.seg_size)
+    }
+
+    /// True when a checkpoint would free at least one segment.
+    pub(crate) fn reclaimable(&self) -> bool {
+        let log = self.log.lock();
+        let head_seq = match log.table.state(log.head_segment) {
+            SegState::Log { opened_seq } => opened_seq,
+            _ => 0,
+        };
+        let st = self.state.read();
+        let any = log.table.iter().any(|(s, state)| match state {
+            SegState::Log { opened_seq } => {
+                opened_seq < head_seq && st.usage.get(s).live_sectors == 0
+            }
+            _ => false,
+        });
+        any
+    }
+
+    /// Reserves log space for records of the given lengths: assigns each a
+    /// seq and an offset, opening (and allocating) new segments as needed.
+    pub(crate) fn reserve(&self, lens: &[u64]) -> Result<(Vec<Placement>, u64)> {
+        let mut log = self.log.lock();
+        if let Some(why) = self.poisoned.lock().clone() {
+            return Err(EngineError::ReadOnly(why));
+        }
+        let seg_end = |s: SegmentId| DATA_START + (u64::from(s) + 1) * self.seg_size;
+        // Dry run: how many new segments?
+        let mut pos = log.head_offset;
+        let mut end = seg_end(log.head_segment);
+        let mut new_segments = 0u64;
+        for &len in lens {
+            if pos + len > end {
+                new_segments += 1;
+                pos = DATA_START + RECORD_HEADER_SIZE as u64; // any fresh segment start
+                end = DATA_START + self.seg_size;
+            }
+            pos += len;
+        }
+        let mut fresh = Vec::new();
+        if new_segments > 0 {
+            let extra_chunks = lens.len() as u64 * 2 + 2;
+            let reserve = self.checkpoint_segments_needed(extra_chunks) + 1;
+            if log.table.available() < new_segments + reserve {
+                return Err(EngineError::NoSpace(format!(
+                    "backing store full: {} segments free, {} needed plus {} kept for checkpoints",
+                    log.table.available(),
+                    new_segments,
+                    reserve
+                )));
+            }
+            for _ in 0..new_segments {
+                let s = log.table.pick_free().expect("available segment");
+                let off = DATA_START + u64::from(s) * self.seg_size;
+                if let Err(e) = self.storage.allocate(off, self.seg_size) {
+                    for f in fresh {
+                        log.table.set(f, SegState::Free);
+                    }
+                    return Err(if EngineError::is_enospc(&e) {
+                        EngineError::NoSpace(format!("backing store: {e}"))
+                    } else {
+                        EngineError::Io(e)
+                    });
+                }
+                log.table.set(s, SegState::Log { opened_seq: 0 });
+                fresh.push(s);
+            }
+        }
+        let mut placements = Vec::with_capacity(lens.len() + fresh.len());
+        let mut fresh = fresh.into_iter();
+        let mut total = 0;
+        for (i, &len) in lens.iter().enumerate() {
+            if log.head_offset + len > seg_end(log.head_segment) {
+                let s = fresh.next().expect("segment reserved");
+                let seq = log.next_seq;
+                log.next_seq += 1;
+                log.table.set(s, SegState::Log { opened_seq: seq });
+                let off = DATA_START + u64::from(s) * self.seg_size;
+                placements.push(Placement {
+                    offset: off,
+                    seq,
+                    item: None,
+                    segment: s,
+                });
+                log.head_segment = s;
+                log.head_offset = off + RECORD_HEADER_SIZE as u64;
+                total += RECORD_HEADER_SIZE as u64;
+            }
+            placements.push(Placement {
+                offset: log.head_offset,
+                seq: log.next_seq,
+                item: Some(i),
+                segment: log.head_segment,
+            });
+            log.next_seq += 1;
+            log.head_offset += len;
+            total += len;
+        }
+        log.bytes_since_checkpoint += total;
+        let ticket = self.tickets.issue();
+        Ok((placements, ticket))
+    }
+}
+
+fn maintenance_loop(inner: &Arc<Inner>) {
+    let (m, cv) = &inner.stop;
+    loop {
+        {
+            let mut stop = m.lock();
+            if *stop {
+                return;
+            }
+            cv.wait_for(&mut stop, Duration::from_millis(500));
+            if *stop {
+                return;
+            }
+        }
+        if inner.poisoned.lock().is_some() {
+            continue;
+        }
+        let due = inner.log.lock().bytes_since_checkpoint >= CHECKPOINT_LOG_BYTES;
+        if due || inner.reclaimable() {
+            if let Err(e) = checkpoint::write(inner, false) {
+                tracing::warn!("background checkpoint failed: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! Shared helpers for the engine's integration tests.
+#![allow(dead_code)]
+
+use rand::{Rng, SeedableRng};
+use squeeze_engine::{CreateOptions, OpenOptions, Policy, SimStorage, Volume};
+use std::sync::Arc;
+
+pub fn rng(seed: u64) -> rand::rngs::StdRng {
+    rand::rngs::StdRng::seed_from_u64(seed)
+}
+
+/// A small volume for fast tests: 512 KiB segments.
+pub fn small_opts(size: u64) -> CreateOptions {
+    let mut o = CreateOptions::new(size);
+    o.segment_size = 512 << 10;
+    o
+}
+
+pub fn sim_volume(size: u64, policy: Option<Policy>) -> (Arc<SimStorage>, Volume) {
+    let s = Arc::new(SimStorage::new());
+    let mut o = small_opts(size);
+    if let Some(p) = policy {
+        o.policy = p;
+    }
+    let v = Volume::create(s.clone(), &o).unwrap();
+    (s, v)
+}
+
+pub fn reopen(s: &Arc<SimStorage>) -> Volume {
+    Volume::open(s.clone(), OpenOptions::default()).unwrap()
+}
+
+/// Data of a chosen kind: 0 zeros, 1 random, 2 compressible text-like,
+/// 3 fio-like 60% compressible.
+pub fn data(rng: &mut impl Rng, kind: u32, len: usize) -> Vec<u8> {
+    match kind {
+        0 => vec![0; len],
+        1 => (0..len).map(|_| rng.gen()).collect(),
+        2 => {
+            let words = [&b"squeeze "[..], b"block ", b"store ", b"compress ", b"the "];
+            let mut v = Vec::with_capacity(len);
+            while v.len() < len {
+                v.extend_from_slice(words[rng.gen_range(0..words.len())]);
+            }
+            v.truncate(len);
+            v
+        }
+        _ => squeeze_codec::testdata::fio_like(len, 60, 4096, rng.gen()),
+    }
+}
