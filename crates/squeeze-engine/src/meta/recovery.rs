@@ -70,11 +70,11 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered> {
     let max_segs = max_segments(sb);
     let stream = read_checkpoint(storage, sb)?;
     let ck = CheckpointReader::decode(&stream, &sb.uuid).map_err(EngineError::Metadata)?;
-    if ck.header.generation != sb.generation {
+    if ck.header.generation > sb.generation {
         return Err(EngineError::Metadata(FormatError::Invalid {
             what: "checkpoint",
             why: format!(
-                "generation {} but the superblock is at {}",
+                "generation {} is newer than the superblock's {}",
                 ck.header.generation, sb.generation
             ),
         }));

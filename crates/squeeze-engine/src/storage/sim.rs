@@ -224,8 +224,13 @@ impl Storage for SimStorage {
             g.pending.clear();
             return Err(eio("sync"));
         }
-        g.durable = g.live.clone();
-        g.pending.clear();
+        let g = &mut *g;
+        for p in g.pending.drain(..) {
+            match p {
+                Pending::Write { offset, data } => put(&mut g.durable, offset, &data),
+                Pending::Punch { offset, len } => zero(&mut g.durable, offset, len),
+            }
+        }
         Ok(())
     }
 
