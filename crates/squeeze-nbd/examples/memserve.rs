@@ -8,7 +8,9 @@
 //!
 //! Options: `--socket PATH` (Unix socket, mode 0600), `--listen ADDR:PORT`
 //! (TCP), `--size N[K|M|G|T]` (default 1G), `--name NAME` (default "mem").
-//! Logs with `RUST_LOG` (default info).
+//! Logs with `RUST_LOG` (default info). SIGINT/SIGTERM: stop accepting,
+//! finish in-flight requests, flush, print the counters, exit 0 (the shape
+//! `squeeze serve` follows).
 
 use std::sync::Arc;
 
@@ -26,11 +28,38 @@ fn parse_size(s: &str) -> Option<u64> {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: memserve (--socket PATH | --listen ADDR:PORT) [--size N[K|M|G|T]] [--name NAME]");
+    eprintln!(
+        "usage: memserve (--socket PATH | --listen ADDR:PORT) [--size N[K|M|G|T]] [--name NAME]"
+    );
     std::process::exit(2);
 }
 
+/// Block SIGINT and SIGTERM in this thread and so in every thread spawned
+/// after (call it first in `main`); returns the set for `sigwait`.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain libc signal-mask calls on a local, initialised set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// A thread that waits for a signal of `set` (blocked by `block_signals`).
+fn spawn_signal_waiter(set: libc::sigset_t, on_signal: impl FnOnce(i32) + Send + 'static) {
+    std::thread::spawn(move || {
+        let mut sig: libc::c_int = 0;
+        // SAFETY: `set` is initialised; `sig` is a valid out pointer.
+        unsafe { libc::sigwait(&set, &mut sig) };
+        on_signal(sig);
+    });
+}
+
 fn main() {
+    let signals = block_signals();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -68,9 +97,22 @@ fn main() {
         device,
     }])
     .expect("valid export");
+    let stop = server.shutdown_handle();
+    spawn_signal_waiter(signals, move |sig| {
+        tracing::info!(sig, "signal received; shutting down");
+        stop.shutdown();
+    });
     tracing::info!(at = %listener.describe(), size_bytes, "serving a MemDevice");
     if let Err(e) = server.serve(listener) {
         eprintln!("memserve: {e}");
         std::process::exit(1);
     }
+    // Every connection is closed: flush the devices, then report.
+    for export in server.exports() {
+        if let Err(e) = export.device.flush() {
+            eprintln!("memserve: flush of {} failed: {e}", export.name);
+            std::process::exit(1);
+        }
+    }
+    tracing::info!(stats = ?server.stats(), "stopped");
 }

@@ -189,7 +189,9 @@ pub(crate) fn negotiate<R: Read, W: Write>(
         let opt = be_u32(&head[8..12]);
         let len = be_u32(&head[12..16]);
         if magic != IHAVEOPT {
-            return Err(HandshakeError::Protocol(format!("bad option magic {magic:#x}")));
+            return Err(HandshakeError::Protocol(format!(
+                "bad option magic {magic:#x}"
+            )));
         }
         if len > OPTION_BYTES_MAX {
             return Err(HandshakeError::Protocol(format!(
@@ -249,7 +251,12 @@ pub(crate) fn negotiate<R: Read, W: Write>(
             }
             OPT_STRUCTURED_REPLY => {
                 if len != 0 {
-                    opt_error(w, opt, REP_ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data")?;
+                    opt_error(
+                        w,
+                        opt,
+                        REP_ERR_INVALID,
+                        "NBD_OPT_STRUCTURED_REPLY takes no data",
+                    )?;
                 } else {
                     structured = true;
                     opt_reply(w, opt, REP_ACK, &[])?;
@@ -315,7 +322,9 @@ pub(crate) fn negotiate<R: Read, W: Write>(
                                 .iter()
                                 .any(|q| *q == b"base:" || *q == META_BASE_ALLOCATION.as_bytes())
                     } else {
-                        queries.iter().any(|q| *q == META_BASE_ALLOCATION.as_bytes())
+                        queries
+                            .iter()
+                            .any(|q| *q == META_BASE_ALLOCATION.as_bytes())
                     };
                     if opt == OPT_SET_META_CONTEXT {
                         base_allocation = wanted;
@@ -362,7 +371,10 @@ mod tests {
         meta.extend_from_slice(&1u32.to_be_bytes());
         meta.extend_from_slice(&15u32.to_be_bytes());
         meta.extend_from_slice(b"base:allocation");
-        assert_eq!(parse_meta(&meta), Some((&b""[..], vec![&b"base:allocation"[..]])));
+        assert_eq!(
+            parse_meta(&meta),
+            Some((&b""[..], vec![&b"base:allocation"[..]]))
+        );
         meta.push(0);
         assert_eq!(parse_meta(&meta), None);
     }

@@ -154,10 +154,17 @@ mod tests {
     #[test]
     fn extents_are_merged_clipped_and_never_empty() {
         assert_eq!(
-            block_status_extents(&[(4096, true), (0, false), (4096, true), (8192, false)], 10000, false),
+            block_status_extents(
+                &[(4096, true), (0, false), (4096, true), (8192, false)],
+                10000,
+                false
+            ),
             vec![(8192, 3), (1808, 0)]
         );
-        assert_eq!(block_status_extents(&[(4096, true), (4096, false)], 8192, true), vec![(4096, 3)]);
+        assert_eq!(
+            block_status_extents(&[(4096, true), (4096, false)], 8192, true),
+            vec![(4096, 3)]
+        );
         assert_eq!(block_status_extents(&[], 512, false), vec![(512, 0)]);
     }
 

@@ -82,12 +82,32 @@ pub(crate) struct RequestContext {
 /// A validated request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Command {
-    Read { offset: u64, len: u32 },
-    Write { offset: u64, len: u32, fua: bool },
+    Read {
+        offset: u64,
+        len: u32,
+    },
+    Write {
+        offset: u64,
+        len: u32,
+        fua: bool,
+    },
     Flush,
-    Trim { offset: u64, len: u64, fua: bool },
-    WriteZeroes { offset: u64, len: u64, may_trim: bool, fua: bool },
-    BlockStatus { offset: u64, len: u64, req_one: bool },
+    Trim {
+        offset: u64,
+        len: u64,
+        fua: bool,
+    },
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fua: bool,
+    },
+    BlockStatus {
+        offset: u64,
+        len: u64,
+        req_one: bool,
+    },
     Disc,
 }
 
@@ -181,7 +201,10 @@ pub(crate) fn validate(h: &RequestHeader, ctx: &RequestContext) -> Result<Comman
         }
         CMD_BLOCK_STATUS => {
             if !ctx.structured || !ctx.base_allocation {
-                return Err(reject(EINVAL, "block status without a negotiated meta context"));
+                return Err(reject(
+                    EINVAL,
+                    "block status without a negotiated meta context",
+                ));
             }
             Command::BlockStatus {
                 offset: h.offset,
@@ -239,16 +262,31 @@ mod tests {
     fn range_and_length_checks() {
         let c = ctx();
         assert!(validate(&h(CMD_READ, 0, 0, 4096), &c).is_ok());
-        assert_eq!(validate(&h(CMD_READ, 0, 1 << 20, 1), &c).unwrap_err().errno, EINVAL);
-        assert_eq!(validate(&h(CMD_WRITE, 0, 1 << 20, 1), &c).unwrap_err().errno, ENOSPC);
         assert_eq!(
-            validate(&h(CMD_WRITE_ZEROES, 0, u64::MAX, 1), &c).unwrap_err().errno,
+            validate(&h(CMD_READ, 0, 1 << 20, 1), &c).unwrap_err().errno,
+            EINVAL
+        );
+        assert_eq!(
+            validate(&h(CMD_WRITE, 0, 1 << 20, 1), &c)
+                .unwrap_err()
+                .errno,
             ENOSPC
         );
-        assert_eq!(validate(&h(CMD_TRIM, 0, 0, 0), &c).unwrap_err().errno, EINVAL);
+        assert_eq!(
+            validate(&h(CMD_WRITE_ZEROES, 0, u64::MAX, 1), &c)
+                .unwrap_err()
+                .errno,
+            ENOSPC
+        );
+        assert_eq!(
+            validate(&h(CMD_TRIM, 0, 0, 0), &c).unwrap_err().errno,
+            EINVAL
+        );
         let big = RequestContext { size: 1 << 40, ..c };
         assert_eq!(
-            validate(&h(CMD_READ, 0, 0, BLOCK_SIZE_MAX + 1), &big).unwrap_err().errno,
+            validate(&h(CMD_READ, 0, 0, BLOCK_SIZE_MAX + 1), &big)
+                .unwrap_err()
+                .errno,
             EINVAL
         );
         assert!(validate(&h(CMD_TRIM, 0, 0, BLOCK_SIZE_MAX + 1), &big).is_ok());
@@ -258,15 +296,31 @@ mod tests {
     fn flags_and_commands() {
         let c = ctx();
         assert_eq!(validate(&h(99, 0, 0, 1), &c).unwrap_err().errno, EINVAL);
-        assert_eq!(validate(&h(CMD_CACHE, 0, 0, 1), &c).unwrap_err().errno, EINVAL);
-        assert_eq!(validate(&h(CMD_READ, CMD_FLAG_FUA, 0, 1), &c).unwrap_err().errno, EINVAL);
-        assert_eq!(validate(&h(CMD_WRITE, 1 << 9, 0, 1), &c).unwrap_err().errno, EINVAL);
         assert_eq!(
-            validate(&h(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 1), &c).unwrap_err().errno,
+            validate(&h(CMD_CACHE, 0, 0, 1), &c).unwrap_err().errno,
+            EINVAL
+        );
+        assert_eq!(
+            validate(&h(CMD_READ, CMD_FLAG_FUA, 0, 1), &c)
+                .unwrap_err()
+                .errno,
+            EINVAL
+        );
+        assert_eq!(
+            validate(&h(CMD_WRITE, 1 << 9, 0, 1), &c).unwrap_err().errno,
+            EINVAL
+        );
+        assert_eq!(
+            validate(&h(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 1), &c)
+                .unwrap_err()
+                .errno,
             ENOTSUP
         );
         assert_eq!(
-            validate(&h(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE | CMD_FLAG_FUA, 0, 8), &c),
+            validate(
+                &h(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE | CMD_FLAG_FUA, 0, 8),
+                &c
+            ),
             Ok(Command::WriteZeroes {
                 offset: 0,
                 len: 8,
@@ -274,12 +328,34 @@ mod tests {
                 fua: true
             })
         );
-        assert_eq!(validate(&h(CMD_FLUSH, 0, 1, 0), &c).unwrap_err().errno, EINVAL);
-        let ro = RequestContext { read_only: true, ..c };
-        assert_eq!(validate(&h(CMD_TRIM, 0, 0, 1), &ro).unwrap_err().errno, EPERM);
-        let simple = RequestContext { structured: false, ..c };
-        assert_eq!(validate(&h(CMD_BLOCK_STATUS, 0, 0, 1), &simple).unwrap_err().errno, EINVAL);
-        assert_eq!(validate(&h(CMD_READ, CMD_FLAG_DF, 0, 1), &simple).unwrap_err().errno, EINVAL);
+        assert_eq!(
+            validate(&h(CMD_FLUSH, 0, 1, 0), &c).unwrap_err().errno,
+            EINVAL
+        );
+        let ro = RequestContext {
+            read_only: true,
+            ..c
+        };
+        assert_eq!(
+            validate(&h(CMD_TRIM, 0, 0, 1), &ro).unwrap_err().errno,
+            EPERM
+        );
+        let simple = RequestContext {
+            structured: false,
+            ..c
+        };
+        assert_eq!(
+            validate(&h(CMD_BLOCK_STATUS, 0, 0, 1), &simple)
+                .unwrap_err()
+                .errno,
+            EINVAL
+        );
+        assert_eq!(
+            validate(&h(CMD_READ, CMD_FLAG_DF, 0, 1), &simple)
+                .unwrap_err()
+                .errno,
+            EINVAL
+        );
     }
 
     #[test]
@@ -289,7 +365,10 @@ mod tests {
             payload_of(&h(CMD_WRITE, 0, 0, BLOCK_SIZE_MAX + 1)),
             Payload::Discard(u64::from(BLOCK_SIZE_MAX) + 1)
         );
-        assert_eq!(payload_of(&h(CMD_WRITE, 0, 0, u32::MAX)), Payload::Unskippable);
+        assert_eq!(
+            payload_of(&h(CMD_WRITE, 0, 0, u32::MAX)),
+            Payload::Unskippable
+        );
         assert_eq!(payload_of(&h(CMD_READ, 0, 0, u32::MAX)), Payload::None);
     }
 
@@ -298,7 +377,10 @@ mod tests {
         use io::ErrorKind as K;
         assert_eq!(errno_for(&io::Error::from(K::InvalidInput)), EINVAL);
         assert_eq!(errno_for(&io::Error::from(K::StorageFull)), ENOSPC);
-        assert_eq!(errno_for(&io::Error::from_raw_os_error(libc::ENOSPC)), ENOSPC);
+        assert_eq!(
+            errno_for(&io::Error::from_raw_os_error(libc::ENOSPC)),
+            ENOSPC
+        );
         assert_eq!(errno_for(&io::Error::from(K::PermissionDenied)), EPERM);
         assert_eq!(errno_for(&io::Error::from(K::ReadOnlyFilesystem)), EPERM);
         assert_eq!(errno_for(&io::Error::from(K::Unsupported)), ENOTSUP);

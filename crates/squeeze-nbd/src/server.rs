@@ -6,14 +6,18 @@
 //! itself; valid requests go to a worker pool shared by the whole server.
 //! Workers call the `BlockDevice` and write the reply under the
 //! connection's write mutex, so replies leave in completion order, not
-//! request order (the protocol matches them by cookie).
+//! request order (the protocol matches them by cookie). A worker that
+//! finds the mutex taken queues its reply for the holder to write, so a
+//! client that reads slowly ties up at most one worker.
 //!
 //! Limits (STYLE habit 10): per connection, at most
 //! `in_flight_bytes_max` bytes of READ/WRITE payload and
-//! `in_flight_requests_max` requests are dispatched and unanswered; the
-//! reader blocks until a reply frees room (a single request larger than
-//! the byte budget is admitted alone). At most `connections_max`
-//! connections; handshakes time out after `handshake_timeout`.
+//! `in_flight_requests_max` requests are dispatched and not yet written
+//! back; the reader blocks until a written reply frees room (a single
+//! request larger than the byte budget is admitted alone). At most
+//! `connections_max` connections; handshakes time out after
+//! `handshake_timeout`, a client that stops reading replies after
+//! `send_timeout`.
 //!
 //! Shutdown: `ShutdownHandle::shutdown` stops every accept loop, shuts the
 //! read side of every connection (readers see end of stream), lets
@@ -24,7 +28,7 @@
 //! A protocol violation (bad magic, truncated stream, an unskippable
 //! payload, a bad handshake) closes that connection only, logged at warn.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
@@ -65,6 +69,9 @@ pub struct ServerConfig {
     pub connections_max: usize,
     /// Time a client has for each read during the handshake.
     pub handshake_timeout: Option<Duration>,
+    /// Time a reply write may block on a client that does not read;
+    /// after it the connection is closed.
+    pub send_timeout: Option<Duration>,
     /// With structured replies, answer a READ of an all-hole range with
     /// OFFSET_HOLE (costs one `block_status` call per READ).
     pub read_holes: bool,
@@ -83,6 +90,7 @@ impl Default for ServerConfig {
             in_flight_requests_max: 512,
             connections_max: 256,
             handshake_timeout: Some(Duration::from_secs(60)),
+            send_timeout: Some(Duration::from_secs(60)),
             read_holes: true,
         }
     }
@@ -197,6 +205,13 @@ impl Stream {
             Stream::Unix(s) => s.set_read_timeout(t),
         }
     }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
 }
 
 impl Read for Stream {
@@ -293,10 +308,14 @@ impl Server {
         }
         if config.workers == 0 || config.in_flight_requests_max == 0 || config.connections_max == 0
         {
-            return Err(ServerError::Config("workers, requests and connections must be > 0"));
+            return Err(ServerError::Config(
+                "workers, requests and connections must be > 0",
+            ));
         }
         if config.in_flight_bytes_max < u64::from(BLOCK_SIZE_MAX) {
-            return Err(ServerError::Config("in_flight_bytes_max below the maximum block size"));
+            return Err(ServerError::Config(
+                "in_flight_bytes_max below the maximum block size",
+            ));
         }
         let (jobs, rx) = crossbeam_channel::unbounded::<Job>();
         for i in 0..config.workers {
@@ -484,7 +503,10 @@ impl ShutdownHandle {
         let inner = &self.inner;
         let mut reg = inner.registry.lock();
         if !inner.shutting_down.swap(true, Ordering::SeqCst) {
-            tracing::info!(connections = reg.connections.len(), "nbd server shutting down");
+            tracing::info!(
+                connections = reg.connections.len(),
+                "nbd server shutting down"
+            );
             let _ = (&inner.wake_tx).write_all(&[1]);
         }
         for s in reg.connections.values() {
@@ -508,6 +530,8 @@ struct Conn {
     structured: bool,
     read_holes: bool,
     writer: Mutex<Stream>,
+    /// Replies waiting for the writer, with the in-flight cost each frees.
+    pending: Mutex<VecDeque<(Vec<u8>, Option<u64>)>>,
     broken: AtomicBool,
     in_flight: Mutex<InFlight>,
     room: Condvar,
@@ -521,17 +545,40 @@ struct InFlight {
 }
 
 impl Conn {
-    /// Write one whole reply. After a write error the connection is dead:
-    /// later replies are dropped and the reader is woken by the shutdown.
-    fn send(&self, bytes: &[u8]) {
-        if self.broken.load(Ordering::Relaxed) {
-            return;
-        }
-        let mut w = self.writer.lock();
-        if let Err(e) = w.write_all(bytes) {
-            if !self.broken.swap(true, Ordering::Relaxed) {
-                tracing::info!(conn = self.id, error = %e, "cannot send reply; closing connection");
-                w.shutdown(Shutdown::Both);
+    /// Queue one whole reply and, unless another thread is already
+    /// writing to this socket, write out everything queued. At most one
+    /// thread per connection blocks on the socket; the others return at
+    /// once. `cost_bytes` (for dispatched requests) is released when the
+    /// reply has been written or dropped, so queued replies count against
+    /// the in-flight budget. After a write error (or a client that stops
+    /// reading for `send_timeout`) the connection is dead: later replies
+    /// are dropped and the reader is woken by the shutdown.
+    fn send(&self, bytes: Vec<u8>, cost_bytes: Option<u64>) {
+        self.pending.lock().push_back((bytes, cost_bytes));
+        loop {
+            let Some(mut w) = self.writer.try_lock() else {
+                return; // the holder drains our reply too
+            };
+            loop {
+                let Some((b, cost)) = self.pending.lock().pop_front() else {
+                    break;
+                };
+                if !self.broken.load(Ordering::Relaxed) {
+                    if let Err(e) = w.write_all(&b) {
+                        self.broken.store(true, Ordering::Relaxed);
+                        tracing::info!(conn = self.id, error = %e, "cannot send reply; closing connection");
+                        w.shutdown(Shutdown::Both);
+                    }
+                }
+                if let Some(c) = cost {
+                    self.release(c);
+                }
+            }
+            drop(w);
+            // A reply queued after our last pop but before the unlock
+            // found the lock taken: go round again for it.
+            if self.pending.lock().is_empty() {
+                return;
             }
         }
     }
@@ -548,7 +595,10 @@ impl Conn {
 
     fn release(&self, cost_bytes: u64) {
         let mut f = self.in_flight.lock();
-        assert!(f.requests > 0 && f.bytes >= cost_bytes, "in-flight accounting underflow");
+        assert!(
+            f.requests > 0 && f.bytes >= cost_bytes,
+            "in-flight accounting underflow"
+        );
         f.bytes -= cost_bytes;
         f.requests -= 1;
         Counters::sub(&self.counters.requests_in_flight, 1);
@@ -602,7 +652,11 @@ fn connection(inner: &Arc<Inner>, id: u64, stream: Stream, peer: &str) {
             return;
         }
     };
-    if stream.set_read_timeout(inner.config.handshake_timeout).is_err() {
+    if stream
+        .set_read_timeout(inner.config.handshake_timeout)
+        .is_err()
+        || stream.set_write_timeout(inner.config.send_timeout).is_err()
+    {
         return;
     }
     let mut reader = BufReader::with_capacity(128 << 10, stream);
@@ -648,6 +702,7 @@ fn connection(inner: &Arc<Inner>, id: u64, stream: Stream, peer: &str) {
         structured: negotiated.structured,
         read_holes: inner.config.read_holes,
         writer: Mutex::new(writer),
+        pending: Mutex::new(VecDeque::new()),
         broken: AtomicBool::new(false),
         in_flight: Mutex::new(InFlight::default()),
         room: Condvar::new(),
@@ -686,10 +741,14 @@ fn transmission<R: Read>(
                 tracing::debug!(conn = id, "client closed without NBD_CMD_DISC");
                 return;
             }
-            Err(e) => {
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 if !inner.shutting_down.load(Ordering::SeqCst) {
-                    protocol_violation(inner, id, peer, &format!("truncated request header: {e}"));
+                    protocol_violation(inner, id, peer, "truncated request header");
                 }
+                return;
+            }
+            Err(e) => {
+                tracing::info!(conn = id, error = %e, "connection lost");
                 return;
             }
         }
@@ -698,7 +757,13 @@ fn transmission<R: Read>(
             return;
         };
         inner.counters.count_request(h.cmd);
-        tracing::trace!(conn = id, cmd = command_name(h.cmd), offset = h.offset, len = h.length, "request");
+        tracing::trace!(
+            conn = id,
+            cmd = command_name(h.cmd),
+            offset = h.offset,
+            len = h.length,
+            "request"
+        );
         let mut payload = Vec::new();
         match request::payload_of(&h) {
             Payload::None => {}
@@ -730,8 +795,19 @@ fn transmission<R: Read>(
             Ok(c) => c,
             Err(rej) => {
                 Counters::add(&inner.counters.errors, 1);
-                tracing::debug!(conn = id, cmd = command_name(h.cmd), offset = h.offset, len = h.length, errno = rej.errno, why = rej.why, "request rejected");
-                conn.send(&reply::error(conn.structured, h.cookie, rej.errno, rej.why));
+                tracing::debug!(
+                    conn = id,
+                    cmd = command_name(h.cmd),
+                    offset = h.offset,
+                    len = h.length,
+                    errno = rej.errno,
+                    why = rej.why,
+                    "request rejected"
+                );
+                conn.send(
+                    reply::error(conn.structured, h.cookie, rej.errno, rej.why),
+                    None,
+                );
                 continue;
             }
         };
@@ -757,8 +833,10 @@ fn transmission<R: Read>(
         if let Err(e) = inner.jobs.send(job) {
             // Workers gone: cannot happen while `inner` lives; answer anyway.
             let job = e.into_inner();
-            conn.send(&reply::error(conn.structured, job.cookie, ESHUTDOWN, "server stopping"));
-            conn.release(job.cost_bytes);
+            conn.send(
+                reply::error(conn.structured, job.cookie, ESHUTDOWN, "server stopping"),
+                Some(job.cost_bytes),
+            );
         }
     }
 }
@@ -775,8 +853,7 @@ fn run_job(job: Job) {
             reply::error(conn.structured, job.cookie, EIO, "internal error")
         }
     };
-    conn.send(&bytes);
-    conn.release(job.cost_bytes);
+    conn.send(bytes, Some(job.cost_bytes));
 }
 
 fn execute(job: &Job) -> Vec<u8> {

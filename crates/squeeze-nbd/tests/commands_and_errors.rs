@@ -34,9 +34,21 @@ fn basic_commands(structured: bool) {
     assert_eq!(c.read(4095, 10_000).unwrap(), vec![0; 10_000]);
     assert_eq!(dev.allocated_bytes(), 4096, "only the page at 100000 stays");
     // WRITE_ZEROES with NO_HOLE allocates, without it punches.
-    assert_eq!(c.cmd(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 1 << 20, 8192, &[]), 0);
+    assert_eq!(
+        c.cmd(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 1 << 20, 8192, &[]),
+        0
+    );
     assert_eq!(dev.allocated_bytes(), 3 * 4096);
-    assert_eq!(c.cmd(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO | CMD_FLAG_FUA, 1 << 20, 8192, &[]), 0);
+    assert_eq!(
+        c.cmd(
+            CMD_WRITE_ZEROES,
+            CMD_FLAG_FAST_ZERO | CMD_FLAG_FUA,
+            1 << 20,
+            8192,
+            &[]
+        ),
+        0
+    );
     assert_eq!(dev.allocated_bytes(), 4096);
     assert_eq!(c.read(1 << 20, 8192).unwrap(), vec![0; 8192]);
 
@@ -56,7 +68,11 @@ fn basic_commands(structured: bool) {
     assert_eq!(c.cmd(CMD_FLUSH, CMD_FLAG_FUA, 0, 0, &[]), EINVAL);
     assert_eq!(c.cmd(CMD_TRIM, CMD_FLAG_NO_HOLE, 0, 1, &[]), EINVAL);
     assert_eq!(c.cmd(CMD_WRITE, CMD_FLAG_REQ_ONE, 0, 2, b"xy"), EINVAL);
-    assert_eq!(c.read(0, 2).unwrap(), vec![0, 0], "rejected write not applied");
+    assert_eq!(
+        c.read(0, 2).unwrap(),
+        vec![0, 0],
+        "rejected write not applied"
+    );
     assert_eq!(c.cmd(CMD_FLUSH, 0, 1, 0, &[]), EINVAL);
 
     if structured {
@@ -82,7 +98,10 @@ fn basic_commands(structured: bool) {
         let Reply::Chunk(ch) = c.reply(None) else {
             panic!("chunk expected")
         };
-        assert_eq!((ch.kind, ch.flags), (REPLY_TYPE_OFFSET_HOLE, REPLY_FLAG_DONE));
+        assert_eq!(
+            (ch.kind, ch.flags),
+            (REPLY_TYPE_OFFSET_HOLE, REPLY_FLAG_DONE)
+        );
         // Errors are ERROR chunks.
         c.send_request(CMD_READ, 0, 4, SIZE, 1, &[]);
         let Reply::Chunk(ch) = c.reply(None) else {
@@ -165,7 +184,10 @@ fn device_errors_map_to_errnos() {
         }
         dev.fail_with(None);
         // The device cannot fast-zero: FAST_ZERO is refused up front.
-        assert_eq!(c.cmd(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 4096, &[]), ENOTSUP);
+        assert_eq!(
+            c.cmd(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 4096, &[]),
+            ENOTSUP
+        );
         assert_eq!(c.read(0, 2).unwrap(), b"ok");
         c.disconnect();
     }
@@ -185,7 +207,7 @@ fn pipelined_requests_all_answered() {
     }
     let mut writer = c.s.try_clone().unwrap();
     let t = std::thread::spawn(move || writer.write_all(&batch).unwrap());
-    let mut seen = vec![false; 200];
+    let mut seen = [false; 200];
     for _ in 0..200 {
         let r = c.reply(None);
         assert_eq!(r.errno(), 0);

@@ -164,7 +164,8 @@ fn tcp_listener_and_socket_mode() {
     let mut g = [0u8; 18];
     s.read_exact(&mut g).unwrap();
     assert_eq!(be64(&g), NBDMAGIC);
-    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes()).unwrap();
+    s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
+        .unwrap();
     let mut opt = IHAVEOPT.to_be_bytes().to_vec();
     opt.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
     opt.extend_from_slice(&0u32.to_be_bytes());
@@ -177,7 +178,10 @@ fn tcp_listener_and_socket_mode() {
     s.write_all(&req).unwrap();
     let mut rep = [0u8; 16];
     s.read_exact(&mut rep).unwrap();
-    assert_eq!((be32(&rep), be32(&rep[4..]), be64(&rep[8..])), (SIMPLE_REPLY_MAGIC, 0, 9));
+    assert_eq!(
+        (be32(&rep), be32(&rep[4..]), be64(&rep[8..])),
+        (SIMPLE_REPLY_MAGIC, 0, 9)
+    );
 
     // Shutdown with a connection open: both accept loops return.
     server.shutdown_handle().shutdown();

@@ -42,7 +42,10 @@ fn list_info_and_errors() {
     assert_eq!(c.opt_replies()[0].kind, REP_ERR_INVALID);
 
     // INFO on the read-only export, asking for name, description, block size.
-    c.send_option(OPT_INFO, &go_payload("ro", &[INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE]));
+    c.send_option(
+        OPT_INFO,
+        &go_payload("ro", &[INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE]),
+    );
     let r = c.opt_replies();
     assert!(r.iter().all(|x| x.opt == OPT_INFO));
     assert_eq!(r.last().unwrap().kind, REP_ACK);
@@ -72,7 +75,10 @@ fn list_info_and_errors() {
     assert_eq!(info(INFO_NAME), b"ro");
     assert_eq!(info(INFO_DESCRIPTION), b"test export ro");
     let bs = info(INFO_BLOCK_SIZE);
-    assert_eq!((be32(&bs), be32(&bs[4..]), be32(&bs[8..])), (1, 4096, 32 << 20));
+    assert_eq!(
+        (be32(&bs), be32(&bs[4..]), be32(&bs[8..])),
+        (1, 4096, 32 << 20)
+    );
 
     // Errors the protocol lets the server answer.
     c.send_option(OPT_INFO, &go_payload("nope", &[]));
@@ -86,7 +92,10 @@ fn list_info_and_errors() {
     c.send_option(OPT_STRUCTURED_REPLY, b"x");
     assert_eq!(c.opt_replies()[0].kind, REP_ERR_INVALID);
     // SET_META_CONTEXT before STRUCTURED_REPLY is invalid.
-    c.send_option(OPT_SET_META_CONTEXT, &meta_payload("", &["base:allocation"]));
+    c.send_option(
+        OPT_SET_META_CONTEXT,
+        &meta_payload("", &["base:allocation"]),
+    );
     assert_eq!(c.opt_replies()[0].kind, REP_ERR_INVALID);
 
     // LIST_META_CONTEXT: all, by namespace, unknown.
@@ -113,7 +122,10 @@ fn go_with_structured_replies_and_meta_context() {
     c.start();
     c.send_option(OPT_STRUCTURED_REPLY, &[]);
     assert_eq!(c.opt_replies()[0].kind, REP_ACK);
-    c.send_option(OPT_SET_META_CONTEXT, &meta_payload("", &["nope:x", "base:allocation"]));
+    c.send_option(
+        OPT_SET_META_CONTEXT,
+        &meta_payload("", &["nope:x", "base:allocation"]),
+    );
     let r = c.opt_replies();
     assert_eq!(r.len(), 2);
     assert_eq!(r[0].kind, REP_META_CONTEXT);
@@ -121,17 +133,29 @@ fn go_with_structured_replies_and_meta_context() {
     // Empty name: the first export.
     c.send_option(OPT_GO, &go_payload("", &[]));
     let r = c.opt_replies();
-    let e = r.iter().find(|x| x.kind == REP_INFO && be16(&x.data) == INFO_EXPORT).unwrap();
+    let e = r
+        .iter()
+        .find(|x| x.kind == REP_INFO && be16(&x.data) == INFO_EXPORT)
+        .unwrap();
     assert_eq!(be64(&e.data[2..]), 1 << 20);
-    assert_eq!(be16(&e.data[10..]) & (FLAG_SEND_DF | FLAG_READ_ONLY), FLAG_SEND_DF);
+    assert_eq!(
+        be16(&e.data[10..]) & (FLAG_SEND_DF | FLAG_READ_ONLY),
+        FLAG_SEND_DF
+    );
     // Transmission works: block status on a fresh device is one hole.
     c.send_request(CMD_BLOCK_STATUS, 0, 5, 0, 1 << 20, &[]);
     let Reply::Chunk(ch) = c.reply(None) else {
         panic!("block status needs a chunk")
     };
-    assert_eq!((ch.kind, ch.cookie, ch.flags), (REPLY_TYPE_BLOCK_STATUS, 5, REPLY_FLAG_DONE));
+    assert_eq!(
+        (ch.kind, ch.cookie, ch.flags),
+        (REPLY_TYPE_BLOCK_STATUS, 5, REPLY_FLAG_DONE)
+    );
     assert_eq!(be32(&ch.payload), META_BASE_ALLOCATION_ID);
-    assert_eq!((be32(&ch.payload[4..]), be32(&ch.payload[8..])), (1 << 20, STATE_HOLE | STATE_ZERO));
+    assert_eq!(
+        (be32(&ch.payload[4..]), be32(&ch.payload[8..])),
+        (1 << 20, STATE_HOLE | STATE_ZERO)
+    );
     c.disconnect();
 }
 

@@ -26,7 +26,11 @@ fn still_serves(srv: &TestServer, tag: u8) {
 fn wait_for_no_connections(srv: &TestServer) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while srv.server.stats().connections_open != 0 {
-        assert!(Instant::now() < deadline, "connections did not close: {:?}", srv.server.stats());
+        assert!(
+            Instant::now() < deadline,
+            "connections did not close: {:?}",
+            srv.server.stats()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -92,7 +96,12 @@ fn hostile_handshakes() {
     // Malformed GO payloads get NBD_REP_ERR_INVALID and the session lives.
     let mut c = srv.client();
     c.start();
-    for bad in [&[][..], &[0, 0, 0, 0][..], &[0, 0, 0, 0, 0, 5, 0][..], &[0xff; 8][..]] {
+    for bad in [
+        &[][..],
+        &[0, 0, 0, 0][..],
+        &[0, 0, 0, 0, 0, 5, 0][..],
+        &[0xff; 8][..],
+    ] {
         c.send_option(OPT_GO, bad);
         assert_eq!(c.opt_replies()[0].kind, REP_ERR_INVALID);
         c.send_option(OPT_SET_META_CONTEXT, bad);
@@ -105,7 +114,11 @@ fn hostile_handshakes() {
 
     drop(idle);
     wait_for_no_connections(&srv);
-    assert!(srv.server.stats().protocol_errors >= 5, "{:?}", srv.server.stats());
+    assert!(
+        srv.server.stats().protocol_errors >= 5,
+        "{:?}",
+        srv.server.stats()
+    );
 }
 
 #[test]
@@ -136,7 +149,8 @@ fn hostile_requests() {
 
     // Truncated header, then hang up.
     let mut c = in_transmission(&srv);
-    c.s.write_all(&Client::request_bytes(CMD_READ, 0, 1, 0, 1)[..13]).unwrap();
+    c.s.write_all(&Client::request_bytes(CMD_READ, 0, 1, 0, 1)[..13])
+        .unwrap();
     drop(c);
     still_serves(&srv, 3);
 
@@ -160,7 +174,11 @@ fn hostile_requests() {
     for round in 0..20 {
         let mut garbage = vec![0u8; rng.gen_range(1..4096)];
         rng.fill(&mut garbage[..]);
-        let mut c = if round % 2 == 0 { in_transmission(&srv) } else { srv.client() };
+        let mut c = if round % 2 == 0 {
+            in_transmission(&srv)
+        } else {
+            srv.client()
+        };
         let _ = c.s.write_all(&garbage);
         drop(c);
     }
@@ -186,4 +204,30 @@ fn handshake_timeout_frees_the_connection() {
     assert!(c.is_closed_by_server());
     wait_for_no_connections(&srv);
     still_serves(&srv, 1);
+}
+
+#[test]
+fn client_that_stops_reading_does_not_starve_others() {
+    use squeeze_nbd::BlockDevice;
+    let dev = std::sync::Arc::new(squeeze_nbd::MemDevice::new(64 << 20));
+    // Data, not holes: READ replies carry the whole megabyte.
+    dev.write_at(0, &[0x77; 1 << 20], false).unwrap();
+    let config = ServerConfig {
+        workers: 2,
+        send_timeout: Some(Duration::from_millis(500)),
+        ..ServerConfig::default()
+    };
+    let srv = TestServer::start_with(vec![export("mem", dev)], config);
+    let mut stuck = in_transmission(&srv);
+    // 1 MiB reads whose replies are never read: the socket fills up.
+    for i in 0..256 {
+        stuck.send_request(CMD_READ, 0, i, 0, 1 << 20, &[]);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    // Only one worker is tied up; another client is served meanwhile.
+    still_serves(&srv, 7);
+    // After send_timeout the stuck connection is closed server-side.
+    wait_for_no_connections(&srv);
+    drop(stuck);
+    still_serves(&srv, 8);
 }

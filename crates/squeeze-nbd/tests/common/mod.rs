@@ -240,7 +240,10 @@ impl Client {
             assert_eq!(self.opt_replies().last().unwrap().kind, REP_ACK);
         }
         if base_allocation {
-            self.send_option(OPT_SET_META_CONTEXT, &meta_payload(name, &[META_BASE_ALLOCATION]));
+            self.send_option(
+                OPT_SET_META_CONTEXT,
+                &meta_payload(name, &[META_BASE_ALLOCATION]),
+            );
             let r = self.opt_replies();
             assert_eq!(r.len(), 2);
             assert_eq!(r[0].kind, REP_META_CONTEXT);
@@ -248,7 +251,11 @@ impl Client {
         self.send_option(OPT_GO, &go_payload(name, &[]));
         let mut size_flags = None;
         for r in self.opt_replies() {
-            assert!(r.kind == REP_INFO || r.kind == REP_ACK, "GO refused: {:#x}", r.kind);
+            assert!(
+                r.kind == REP_INFO || r.kind == REP_ACK,
+                "GO refused: {:#x}",
+                r.kind
+            );
             if r.kind == REP_INFO && be16(&r.data) == INFO_EXPORT {
                 size_flags = Some((be64(&r.data[2..10]), be16(&r.data[10..12])));
             }
@@ -266,7 +273,15 @@ impl Client {
         b
     }
 
-    pub fn send_request(&mut self, cmd: u16, flags: u16, cookie: u64, offset: u64, len: u32, data: &[u8]) {
+    pub fn send_request(
+        &mut self,
+        cmd: u16,
+        flags: u16,
+        cookie: u64,
+        offset: u64,
+        len: u32,
+        data: &[u8],
+    ) {
         let mut b = Client::request_bytes(cmd, flags, cookie, offset, len);
         b.extend_from_slice(data);
         self.s.write_all(&b).unwrap();
@@ -435,7 +450,9 @@ pub fn have_tool(tool: &str) -> bool {
 
 /// Run a command, panic with its output unless it succeeds; returns stdout.
 pub fn run(cmd: &mut std::process::Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -448,4 +465,31 @@ pub fn run(cmd: &mut std::process::Command) -> String {
 
 pub fn path_str(p: &Path) -> &str {
     p.to_str().unwrap()
+}
+
+/// A command for `tool` that is killed if it runs over five minutes.
+pub fn timed(tool: &str) -> std::process::Command {
+    let mut c = std::process::Command::new("timeout");
+    c.arg("300").arg(tool);
+    c
+}
+
+/// Deterministic test data mixing compressible text, random bytes and
+/// zero runs, `len` bytes long.
+pub fn mixed_data(len: usize, seed: u64) -> Vec<u8> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut v = Vec::with_capacity(len);
+    let mut block = 0u64;
+    while v.len() < len {
+        let n = (len - v.len()).min(64 << 10);
+        match block % 4 {
+            0 => v.extend((0..n).map(|i| b"squeeze nbd test line\n"[i % 22])),
+            1 => v.extend((0..n).map(|_| rng.gen::<u8>())),
+            2 => v.extend(std::iter::repeat_n(0u8, n)),
+            _ => v.extend((0..n).map(|i| (i / 512) as u8)),
+        }
+        block += 1;
+    }
+    v
 }
