@@ -378,4 +378,68 @@ mod tests {
         meta.push(0);
         assert_eq!(parse_meta(&meta), None);
     }
+
+    /// Random and mutated option streams never panic the handshake and
+    /// always end (in transmission, an abort, or an error).
+    #[test]
+    fn random_option_streams_never_panic() {
+        use crate::device::MemDevice;
+        use std::sync::Arc;
+        let exports = vec![Export {
+            name: "a".into(),
+            description: String::new(),
+            device: Arc::new(MemDevice::new(4096)),
+        }];
+        // A valid prefix to mutate: flags, STRUCTURED_REPLY, SET_META, GO.
+        let mut valid = 3u32.to_be_bytes().to_vec();
+        let opt = |v: &mut Vec<u8>, o: u32, d: &[u8]| {
+            v.extend_from_slice(&IHAVEOPT.to_be_bytes());
+            v.extend_from_slice(&o.to_be_bytes());
+            v.extend_from_slice(&(d.len() as u32).to_be_bytes());
+            v.extend_from_slice(d);
+        };
+        opt(&mut valid, OPT_STRUCTURED_REPLY, &[]);
+        let mut meta = 1u32.to_be_bytes().to_vec();
+        meta.extend_from_slice(b"a");
+        meta.extend_from_slice(&1u32.to_be_bytes());
+        meta.extend_from_slice(&15u32.to_be_bytes());
+        meta.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
+        opt(&mut valid, OPT_SET_META_CONTEXT, &meta);
+        opt(&mut valid, OPT_GO, &[0, 0, 0, 1, b'a', 0, 1, 0, 3]);
+        let mut out = Vec::new();
+        let got = negotiate(&mut &valid[..], &mut out, &exports).unwrap();
+        assert!(matches!(
+            got,
+            Outcome::Transmission(Negotiated {
+                export_index: 0,
+                structured: true,
+                base_allocation: true
+            })
+        ));
+
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..5000 {
+            let mut input = valid.clone();
+            match next() % 3 {
+                0 => {
+                    for _ in 0..1 + next() % 4 {
+                        let i = (next() as usize) % input.len();
+                        input[i] = next() as u8;
+                    }
+                }
+                1 => input.truncate((next() as usize) % input.len()),
+                _ => {
+                    input = (0..next() % 200).map(|_| next() as u8).collect();
+                }
+            }
+            let mut out = Vec::new();
+            let _ = negotiate(&mut &input[..], &mut out, &exports);
+        }
+    }
 }

@@ -387,4 +387,63 @@ mod tests {
         assert_eq!(errno_for(&io::Error::new(K::InvalidData, "checksum")), EIO);
         assert_eq!(errno_for(&io::Error::other("x")), EIO);
     }
+
+    /// Random headers: validation never panics, and whatever it accepts
+    /// is inside the export and within the limits the device relies on.
+    #[test]
+    fn random_headers_accepted_only_when_valid() {
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for i in 0..200_000u32 {
+            let mut b = [0u8; REQUEST_HEADER_BYTES];
+            for x in b.iter_mut() {
+                *x = next() as u8;
+            }
+            b[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+            // Bias towards plausible values so every branch is reached.
+            b[6] = 0;
+            b[7] %= 10;
+            if i % 2 == 0 {
+                b[4] = 0;
+                b[5] &= 0x1f;
+                b[16..21].fill(0);
+                b[24..26].fill(0);
+            }
+            let h = parse_header(&b).unwrap();
+            let c = RequestContext {
+                size: 1 << 28,
+                read_only: i % 5 == 0,
+                structured: i % 3 != 0,
+                base_allocation: i % 7 != 0,
+                can_fast_zero: i % 11 != 0,
+            };
+            let _ = payload_of(&h);
+            let (offset, len) = match validate(&h, &c) {
+                Err(r) => {
+                    assert!([EINVAL, ENOSPC, EPERM, ENOTSUP].contains(&r.errno));
+                    continue;
+                }
+                Ok(Command::Flush | Command::Disc) => continue,
+                Ok(Command::Read { offset, len }) | Ok(Command::Write { offset, len, .. }) => {
+                    assert!(len <= BLOCK_SIZE_MAX);
+                    (offset, u64::from(len))
+                }
+                Ok(Command::Trim { offset, len, .. })
+                | Ok(Command::WriteZeroes { offset, len, .. })
+                | Ok(Command::BlockStatus { offset, len, .. }) => (offset, len),
+            };
+            assert!(len > 0 && offset + len <= c.size, "{h:?}");
+            if c.read_only {
+                assert!(matches!(
+                    validate(&h, &c),
+                    Ok(Command::Read { .. } | Command::BlockStatus { .. })
+                ));
+            }
+        }
+    }
 }

@@ -127,8 +127,15 @@ fn shutdown_finishes_in_flight_requests() {
     for i in 0..8u64 {
         c.send_request(CMD_WRITE, 0, i, i * 4096, 4096, &[i as u8; 4096]);
     }
-    // Let the reader dispatch them, then stop the server.
-    std::thread::sleep(Duration::from_millis(30));
+    // Once the reader has dispatched all eight, stop the server.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while srv.server.stats().requests_in_flight + dev.writes_done.load(Ordering::SeqCst) < 8 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "requests not dispatched"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     srv.shutdown();
     assert_eq!(dev.writes_done.load(Ordering::SeqCst), 8);
     let mut seen = 0;
