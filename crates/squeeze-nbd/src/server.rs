@@ -768,10 +768,18 @@ fn transmission<R: Read>(
         match request::payload_of(&h) {
             Payload::None => {}
             Payload::Read(n) => {
-                payload.resize(n, 0);
-                if let Err(e) = r.read_exact(&mut payload) {
-                    protocol_violation(inner, id, peer, &format!("truncated write payload: {e}"));
-                    return;
+                // Read into spare capacity: no zero-fill of up to 32 MiB.
+                payload.reserve_exact(n);
+                match r.take(n as u64).read_to_end(&mut payload) {
+                    Ok(got) if got == n => {}
+                    Ok(_) => {
+                        protocol_violation(inner, id, peer, "truncated write payload");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::info!(conn = id, error = %e, "connection lost");
+                        return;
+                    }
                 }
             }
             Payload::Discard(n) => match io::copy(&mut r.take(n), &mut io::sink()) {
