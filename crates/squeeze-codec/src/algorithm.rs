@@ -121,18 +121,39 @@ mod tests {
     #[test]
     fn parse_display_round_trip() {
         for s in [
-            "none", "lz4", "zstd", "zstd:1", "zstd:3", "zstd:-7", "zstd:22", "snappy", "deflate",
-            "deflate:1", "deflate:12",
+            "none",
+            "lz4",
+            "zstd",
+            "zstd:1",
+            "zstd:3",
+            "zstd:-7",
+            "zstd:22",
+            "snappy",
+            "deflate",
+            "deflate:1",
+            "deflate:12",
         ] {
             let alg = Algorithm::parse(s).unwrap();
             assert_eq!(alg.to_string(), s);
             assert_eq!(Algorithm::parse(&alg.to_string()).unwrap(), alg);
             assert_eq!(s.parse::<Algorithm>().unwrap(), alg);
         }
-        assert_eq!(Algorithm::parse("zstd:3").unwrap(), Algorithm::new(CodecId::Zstd, 3));
-        assert_eq!(Algorithm::parse(" ZSTD:3 ").unwrap(), Algorithm::new(CodecId::Zstd, 3));
-        assert_eq!(Algorithm::parse("zstd:0").unwrap(), Algorithm::new(CodecId::Zstd, 0));
-        assert_eq!(Algorithm::parse("lz4").unwrap(), Algorithm::new(CodecId::Lz4, 0));
+        assert_eq!(
+            Algorithm::parse("zstd:3").unwrap(),
+            Algorithm::new(CodecId::Zstd, 3)
+        );
+        assert_eq!(
+            Algorithm::parse(" ZSTD:3 ").unwrap(),
+            Algorithm::new(CodecId::Zstd, 3)
+        );
+        assert_eq!(
+            Algorithm::parse("zstd:0").unwrap(),
+            Algorithm::new(CodecId::Zstd, 0)
+        );
+        assert_eq!(
+            Algorithm::parse("lz4").unwrap(),
+            Algorithm::new(CodecId::Lz4, 0)
+        );
     }
 
     #[test]
@@ -143,7 +164,15 @@ mod tests {
                 "{s:?}"
             );
         }
-        for (s, level) in [("zstd:23", 23), ("zstd:-8", -8), ("deflate:13", 13), ("deflate:-1", -1), ("lz4:1", 1), ("snappy:3", 3), ("none:1", 1)] {
+        for (s, level) in [
+            ("zstd:23", 23),
+            ("zstd:-8", -8),
+            ("deflate:13", 13),
+            ("deflate:-1", -1),
+            ("lz4:1", 1),
+            ("snappy:3", 3),
+            ("none:1", 1),
+        ] {
             match Algorithm::parse(s) {
                 Err(CodecError::BadLevel { level: l, .. }) => assert_eq!(l, level, "{s}"),
                 other => panic!("{s}: {other:?}"),
@@ -155,7 +184,10 @@ mod tests {
 
     #[test]
     fn effective_levels() {
-        assert_eq!(Algorithm::new(CodecId::Zstd, 0).effective_level(), ZSTD_LEVEL_DEFAULT);
+        assert_eq!(
+            Algorithm::new(CodecId::Zstd, 0).effective_level(),
+            ZSTD_LEVEL_DEFAULT
+        );
         assert_eq!(Algorithm::new(CodecId::Zstd, 99).effective_level(), 22);
         assert_eq!(Algorithm::new(CodecId::Deflate, 0).effective_level(), 6);
         assert_eq!(Algorithm::new(CodecId::Deflate, -3).effective_level(), 1);

@@ -102,15 +102,17 @@ impl Decompressor for AnyDecompressor {
                 };
                 zstd::decode(ctx, src, dst)
             }
-            CodecId::Snappy => {
-                snappy::decode(self.snappy.get_or_insert_with(snap::raw::Decoder::new), src, dst)
-            }
+            CodecId::Snappy => snappy::decode(
+                self.snappy.get_or_insert_with(snap::raw::Decoder::new),
+                src,
+                dst,
+            ),
             CodecId::Deflate => deflate::decode(
-                self.deflate.get_or_insert_with(libdeflater::Decompressor::new),
+                self.deflate
+                    .get_or_insert_with(libdeflater::Decompressor::new),
                 src,
                 dst,
             ),
         }
     }
 }
-

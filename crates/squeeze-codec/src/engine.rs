@@ -33,7 +33,12 @@ pub struct Job {
 
 impl Job {
     /// A job for `input[range]`.
-    pub fn new(input: Arc<Vec<u8>>, range: Range<usize>, limit: usize, skip_if_incompressible: bool) -> Self {
+    pub fn new(
+        input: Arc<Vec<u8>>,
+        range: Range<usize>,
+        limit: usize,
+        skip_if_incompressible: bool,
+    ) -> Self {
         Job {
             input,
             range,
@@ -101,7 +106,8 @@ pub trait CompressEngine: Send + Sync {
                 let _ = tx.send(results);
             }),
         );
-        rx.recv().expect("engine dropped a batch without calling done")
+        rx.recv()
+            .expect("engine dropped a batch without calling done")
     }
 }
 

@@ -28,7 +28,9 @@ pub mod pool;
 pub mod testdata;
 
 pub use algorithm::Algorithm;
-pub use codec::{decompress, new_compressor, new_decompressor, try_new_compressor, Compressor, Decompressor};
+pub use codec::{
+    decompress, new_compressor, new_decompressor, try_new_compressor, Compressor, Decompressor,
+};
 pub use cputime::thread_cpu_ns;
 pub use engine::{CompressEngine, Job, JobOutput, JobResult};
 pub use error::CodecError;

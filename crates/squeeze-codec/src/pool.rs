@@ -116,7 +116,12 @@ impl CompressEngine for CpuPool {
 
     fn submit(&self, alg: Algorithm, jobs: Vec<Job>, done: Done) {
         for (i, job) in jobs.iter().enumerate() {
-            assert!(job.is_valid(), "job {i}: range {:?} outside input of {} bytes", job.range, job.input.len());
+            assert!(
+                job.is_valid(),
+                "job {i}: range {:?} outside input of {} bytes",
+                job.range,
+                job.input.len()
+            );
         }
         if jobs.is_empty() {
             done(Vec::new());
@@ -161,7 +166,8 @@ fn worker(rx: Receiver<Task>, counters: Arc<Counters>) {
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             let compressor = match compressors.entry(batch.alg) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => match try_new_compressor(batch.alg) {
+                std::collections::hash_map::Entry::Vacant(e) => match try_new_compressor(batch.alg)
+                {
                     Ok(c) => e.insert(c),
                     Err(_) => return None,
                 },

@@ -4,7 +4,12 @@
 use squeeze_codec::testdata::{fio_like, random, text, SplitMix64};
 use squeeze_codec::{decompress, new_compressor, Algorithm, CodecError, CodecId};
 
-const CODECS: [CodecId; 4] = [CodecId::Lz4, CodecId::Zstd, CodecId::Snappy, CodecId::Deflate];
+const CODECS: [CodecId; 4] = [
+    CodecId::Lz4,
+    CodecId::Zstd,
+    CodecId::Snappy,
+    CodecId::Deflate,
+];
 
 fn compressed(codec: CodecId, data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -35,14 +40,20 @@ fn truncated_input_is_an_error() {
 fn wrong_expected_length_is_an_error() {
     for codec in CODECS.into_iter().chain([CodecId::None]) {
         let data = fio_like(4096, 60, 512, 2);
-        let c = if codec == CodecId::None { data.clone() } else { compressed(codec, &data) };
+        let c = if codec == CodecId::None {
+            data.clone()
+        } else {
+            compressed(codec, &data)
+        };
         for len in [0, 1, 4095, 4097, 8192] {
             let mut dst = vec![0u8; len];
             let err = decompress(codec, &c, &mut dst).unwrap_err();
             assert!(
                 matches!(
                     err,
-                    CodecError::WrongLength { .. } | CodecError::TooLong { .. } | CodecError::Corrupt { .. }
+                    CodecError::WrongLength { .. }
+                        | CodecError::TooLong { .. }
+                        | CodecError::Corrupt { .. }
                 ),
                 "{codec:?} len {len}: {err}"
             );
@@ -74,6 +85,9 @@ fn garbage_and_bit_flips_never_panic() {
             let _ = decompress(codec, &junk, &mut dst);
         }
         // Pure random input must not decode to exactly 8 KiB.
-        assert!(decompress(codec, &random(300, 5), &mut dst).is_err(), "{codec:?}");
+        assert!(
+            decompress(codec, &random(300, 5), &mut dst).is_err(),
+            "{codec:?}"
+        );
     }
 }

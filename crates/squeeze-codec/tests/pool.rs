@@ -85,7 +85,8 @@ fn submit_from_several_threads_at_once() {
             let pool = Arc::clone(&pool);
             let calls = Arc::clone(&calls);
             s.spawn(move || {
-                let alg = Algorithm::parse(["lz4", "zstd", "snappy", "deflate:1"][t as usize]).unwrap();
+                let alg =
+                    Algorithm::parse(["lz4", "zstd", "snappy", "deflate:1"][t as usize]).unwrap();
                 let mut waits = Vec::new();
                 for round in 0..5 {
                     let (input, jobs) = batch(100 * t + round);
@@ -114,7 +115,9 @@ fn submit_from_several_threads_at_once() {
 #[test]
 fn empty_batch_and_drop_with_work_queued() {
     let pool = CpuPool::new(1);
-    assert!(pool.compress_batch(Algorithm::parse("zstd").unwrap(), Vec::new()).is_empty());
+    assert!(pool
+        .compress_batch(Algorithm::parse("zstd").unwrap(), Vec::new())
+        .is_empty());
     // Dropping the pool still completes every queued batch.
     let calls = Arc::new(AtomicUsize::new(0));
     for seed in 0..3 {

@@ -6,7 +6,15 @@ use squeeze_codec::{decompress, new_compressor, new_decompressor, Algorithm, Cod
 
 fn algorithms() -> Vec<Algorithm> {
     [
-        "lz4", "zstd", "zstd:-7", "zstd:3", "zstd:19", "snappy", "deflate", "deflate:1", "deflate:12",
+        "lz4",
+        "zstd",
+        "zstd:-7",
+        "zstd:3",
+        "zstd:19",
+        "snappy",
+        "deflate",
+        "deflate:1",
+        "deflate:12",
     ]
     .iter()
     .map(|s| Algorithm::parse(s).unwrap())
@@ -44,7 +52,10 @@ fn every_codec_round_trips() {
             // The thread-local path too.
             let mut back2 = vec![0x55u8; data.len()];
             decompress(alg.codec, &out, &mut back2).unwrap();
-            assert!(back2 == data, "{alg} {name}: thread-local round trip differs");
+            assert!(
+                back2 == data,
+                "{alg} {name}: thread-local round trip differs"
+            );
         }
     }
 }
@@ -72,18 +83,34 @@ fn limit_is_honoured() {
         for len in [4096usize, 131072] {
             let data = random(len, 3);
             for limit in [0, 1, len / 2, len - 1] {
-                assert_eq!(c.compress(&data, &mut out, limit).unwrap(), None, "{alg} {len} {limit}");
+                assert_eq!(
+                    c.compress(&data, &mut out, limit).unwrap(),
+                    None,
+                    "{alg} {len} {limit}"
+                );
                 assert!(out.is_empty(), "{alg}: dst not cleared on None");
             }
             // Compressible data under a limit just above its compressed size.
             let data = text(len, 4);
             let n = c.compress(&data, &mut out, usize::MAX).unwrap().unwrap();
-            assert_eq!(c.compress(&data, &mut out, n).unwrap(), Some(n), "{alg} exact limit");
-            assert_eq!(c.compress(&data, &mut out, n - 1).unwrap(), None, "{alg} limit - 1");
+            assert_eq!(
+                c.compress(&data, &mut out, n).unwrap(),
+                Some(n),
+                "{alg} exact limit"
+            );
+            assert_eq!(
+                c.compress(&data, &mut out, n - 1).unwrap(),
+                None,
+                "{alg} limit - 1"
+            );
             // A Vec with spare capacity from an earlier call must not let
             // output past the limit.
             let mut big = Vec::with_capacity(4 * len);
-            assert_eq!(c.compress(&data, &mut big, n - 1).unwrap(), None, "{alg} big dst");
+            assert_eq!(
+                c.compress(&data, &mut big, n - 1).unwrap(),
+                None,
+                "{alg} big dst"
+            );
         }
     }
 }
@@ -104,7 +131,10 @@ fn none_never_compresses_and_copies_on_decode() {
 fn empty_input_round_trips() {
     for alg in algorithms() {
         let mut out = Vec::new();
-        let n = new_compressor(alg).compress(&[], &mut out, usize::MAX).unwrap().unwrap();
+        let n = new_compressor(alg)
+            .compress(&[], &mut out, usize::MAX)
+            .unwrap()
+            .unwrap();
         assert_eq!(n, out.len());
         decompress(alg.codec, &out, &mut []).unwrap();
     }

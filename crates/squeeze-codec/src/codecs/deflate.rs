@@ -70,8 +70,9 @@ pub(crate) fn decode(
             codec: CodecId::Deflate,
             expected: dst.len(),
         }),
-        Err(DecompressionError::BadData) => {
-            Err(CodecError::corrupt(CodecId::Deflate, "invalid DEFLATE stream"))
-        }
+        Err(DecompressionError::BadData) => Err(CodecError::corrupt(
+            CodecId::Deflate,
+            "invalid DEFLATE stream",
+        )),
     }
 }

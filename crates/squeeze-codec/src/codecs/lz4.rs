@@ -29,9 +29,7 @@ impl Compressor for Lz4Compressor {
         limit: usize,
     ) -> Result<Option<usize>, CodecError> {
         dst.clear();
-        let out = self
-            .scratch
-            .get(block::get_maximum_output_size(src.len()));
+        let out = self.scratch.get(block::get_maximum_output_size(src.len()));
         let n = block::compress_into(src, out).map_err(|e| CodecError::Internal {
             codec: CodecId::Lz4,
             why: e.to_string(),

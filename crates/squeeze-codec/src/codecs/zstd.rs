@@ -19,10 +19,11 @@ pub(crate) struct ZstdCompressor {
 
 impl ZstdCompressor {
     pub(crate) fn new(alg: Algorithm) -> Result<Self, CodecError> {
-        let ctx = bulk::Compressor::new(alg.effective_level()).map_err(|e| CodecError::Internal {
-            codec: CodecId::Zstd,
-            why: e.to_string(),
-        })?;
+        let ctx =
+            bulk::Compressor::new(alg.effective_level()).map_err(|e| CodecError::Internal {
+                codec: CodecId::Zstd,
+                why: e.to_string(),
+            })?;
         Ok(ZstdCompressor { alg, ctx })
     }
 }
