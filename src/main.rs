@@ -1,1 +1,68 @@
-fn main() {}
+//! `squeeze`: the command-line front end. Each subcommand lives in
+//! `cmd/<name>.rs`; `serve` holds the one adapter between the NBD layer and
+//! the engine (STYLE habit 9).
+
+mod cmd;
+mod util;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "squeeze",
+    version,
+    about = "A software computational-storage drive: an inline-compressing, log-structured block store served over NBD"
+)]
+struct Cli {
+    /// More logging (-v info, -vv debug, -vvv trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a volume (thin: the logical size may exceed the free disk).
+    Create(cmd::create::Args),
+    /// Change the compression policy for future writes.
+    Set(cmd::set::Args),
+    /// Show format version, uuid, settings and layout.
+    Info(cmd::info::Args),
+    /// Show space, compression and CPU statistics.
+    Stats(cmd::stats::Args),
+    /// Copy a file or block device into a volume from offset 0.
+    Import(cmd::import::Args),
+    /// Copy a volume out to a file or block device.
+    Export(cmd::export::Args),
+    /// Verify every live record and the metadata; name damaged LBAs.
+    Check(cmd::check::Args),
+    /// Measure the engine in-process against the raw codec on the same data.
+    Bench(cmd::bench::Args),
+    /// Serve volumes over NBD.
+    Serve(cmd::serve::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    util::init_logging(cli.verbose);
+    let res = match cli.command {
+        Command::Create(a) => cmd::create::run(a),
+        Command::Set(a) => cmd::set::run(a),
+        Command::Info(a) => cmd::info::run(a),
+        Command::Stats(a) => cmd::stats::run(a),
+        Command::Import(a) => cmd::import::run(a),
+        Command::Export(a) => cmd::export::run(a),
+        Command::Check(a) => cmd::check::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
+    };
+    match res {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("squeeze: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

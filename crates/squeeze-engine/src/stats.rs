@@ -81,7 +81,7 @@ impl Counters {
 const _: () = assert!(COUNTERS <= squeeze_format::checkpoint::MAX_COUNTERS);
 
 /// A point-in-time view for `squeeze stats`, JSON and /metrics.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct VolumeStats {
     pub logical_size: u64,
     pub bytes_written: u64,

@@ -7,7 +7,7 @@
 //! ```text
 //! byte  0  magic             [8]  "SQUEEZE\0"
 //!       8  version           u32  FORMAT_VERSION
-//!      12  flags             u32  0 (reserved)
+//!      12  flags             u32  bit 0: clean (closed with a final checkpoint)
 //!      16  uuid              [16]
 //!      32  generation        u64  bumped on every superblock write
 //!      40  logical_size      u64  bytes, a multiple of SECTOR_SIZE
@@ -154,6 +154,8 @@ pub struct Superblock {
     pub max_physical: u64,
     pub policy: Policy,
     pub created_unix: u64,
+    /// Set by a clean close: nothing follows the checkpoint's replay position.
+    pub clean: bool,
     pub checkpoint: CheckpointRef,
 }
 
@@ -205,7 +207,7 @@ impl Superblock {
         let mut b = vec![0u8; SUPERBLOCK_SIZE];
         b[0..8].copy_from_slice(&SUPERBLOCK_MAGIC);
         put_u32(&mut b, 8, FORMAT_VERSION);
-        put_u32(&mut b, 12, 0);
+        put_u32(&mut b, 12, u32::from(self.clean));
         b[16..32].copy_from_slice(&self.uuid);
         put_u64(&mut b, 32, self.generation);
         put_u64(&mut b, 40, self.logical_size);
@@ -267,6 +269,13 @@ impl Superblock {
                 why: format!("sector size {}", get_u32(b, 48)),
             });
         }
+        let flags = get_u32(b, 12);
+        if flags & !1 != 0 {
+            return Err(FormatError::Invalid {
+                what: "superblock",
+                why: format!("unknown flags {flags:#x}"),
+            });
+        }
         let n = get_u32(b, 108) as usize;
         if n > MAX_CKPT_SEGMENTS {
             return Err(FormatError::Invalid {
@@ -291,6 +300,7 @@ impl Superblock {
                 recompress_level: get_i32(b, 84),
             },
             created_unix: get_u64(b, 88),
+            clean: flags & 1 != 0,
             checkpoint: CheckpointRef {
                 len: get_u64(b, 96),
                 crc: get_u32(b, 104),
@@ -324,6 +334,7 @@ mod tests {
                 recompress_level: 0,
             },
             created_unix: 1_700_000_000,
+            clean: true,
             checkpoint: CheckpointRef {
                 len: 12345,
                 crc: 42,

@@ -1,0 +1,356 @@
+//! `squeeze bench`: the engine in-process (no network), measured against the
+//! raw codec on the same buffers with the same thread count, in one run.
+//!
+//! 1. data: fio-like (buffer_compress_percentage per 4 KiB chunk, default
+//!    60) or the first --size bytes of --file, held in memory;
+//! 2. raw codec: the blobs the engine would make (max_blob each) through a
+//!    CPU pool of --threads workers, then decompressed by --threads threads;
+//! 3. engine write: a fresh volume, 2 x threads writers of 1 MiB requests,
+//!    ending with a flush; engine read: the same requests read back (the
+//!    backing file is in the page cache, so this measures the engine, not
+//!    the disk), verified in a separate untimed pass;
+//! 4. all-zero writes from one thread.
+
+use super::PolicyArgs;
+use crate::cmd::import::process_cpu_seconds;
+use crate::util::{human, parse_size};
+use anyhow::{bail, Context, Result};
+use squeeze_codec::{CompressEngine, CpuPool, Job, JobOutput};
+use squeeze_engine::pipeline::policy::output_limit;
+use squeeze_engine::{default_policy, CodecId, CreateOptions, FileStorage, OpenOptions, Volume};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+const REQUEST: usize = 1 << 20;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Use the first --size bytes of this file instead of synthetic data.
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Bytes to write and read.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub size: u64,
+    /// Compression worker threads (and raw-codec threads); default: cores.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Synthetic data: percentage of each 4 KiB chunk that compresses away
+    /// (fio's buffer_compress_percentage).
+    #[arg(long, default_value_t = 60)]
+    pub compress_percentage: u32,
+    /// Directory for the temporary volume.
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+#[derive(serde::Serialize)]
+struct Report {
+    machine: String,
+    cores: usize,
+    threads: usize,
+    algorithm: String,
+    mode: String,
+    max_blob: u32,
+    data: String,
+    bytes: u64,
+    write_mbps: f64,
+    read_mbps: f64,
+    backing_write_mbps: f64,
+    raw_compress_mbps: f64,
+    raw_decompress_mbps: f64,
+    write_vs_raw: f64,
+    read_vs_raw: f64,
+    ratio: f64,
+    raw_ratio: f64,
+    cpu_utilization_write: f64,
+    cpu_utilization_read: f64,
+    cpu_seconds_per_gib_write: f64,
+    cpu_seconds_per_gib_read: f64,
+    zero_write_mbps: f64,
+    map_bytes_per_mapped_sector: f64,
+    blobs_compressed: u64,
+    blobs_rejected: u64,
+    blobs_skipped: u64,
+}
+
+pub fn machine() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<u64>().ok())
+        })
+        .map_or(String::new(), |kb| format!(", {}", human(kb * 1024)));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{model}, {cores} cores{mem}")
+}
+
+fn load_data(a: &Args) -> Result<(Vec<u8>, String)> {
+    let size = a.size as usize / REQUEST * REQUEST;
+    if size == 0 {
+        bail!("--size must be at least 1 MiB");
+    }
+    match &a.file {
+        Some(f) => {
+            let mut d = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+            if d.len() < REQUEST {
+                bail!("{} is smaller than 1 MiB", f.display());
+            }
+            d.truncate(size.min(d.len() / REQUEST * REQUEST));
+            Ok((d, format!("file {}", f.display())))
+        }
+        None => Ok((
+            squeeze_codec::testdata::fio_like(size, a.compress_percentage, 4096, 0x5eed),
+            format!("fio-like, {}% compressible per 4 KiB", a.compress_percentage),
+        )),
+    }
+}
+
+/// Runs `f(request_index)` for every request on `n` threads; returns seconds.
+fn parallel(n: usize, requests: usize, f: impl Fn(usize) -> Result<()> + Sync) -> Result<f64> {
+    let next = AtomicUsize::new(0);
+    let t0 = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let hs: Vec<_> = (0..n)
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= requests {
+                            return Ok(());
+                        }
+                        f(i)?;
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().expect("bench thread")?;
+        }
+        Ok(())
+    })?;
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = a.threads.unwrap_or(cores).max(1);
+    let policy = a.policy.apply(default_policy())?;
+    let alg = squeeze_codec::Algorithm::new(policy.codec, policy.level);
+    let (data, what) = load_data(&a)?;
+    let data = Arc::new(data);
+    let n_req = data.len() / REQUEST;
+    let blob = policy.max_blob as usize;
+    let mb = data.len() as f64 / 1e6;
+    if !a.json {
+        eprintln!(
+            "bench: {} of {what}, {} {} max_blob {}, {threads} threads on {}",
+            human(data.len() as u64),
+            alg,
+            policy.mode.name(),
+            human(blob as u64),
+            machine()
+        );
+    }
+
+    // Raw codec, same blobs, same threads (after a warm-up batch).
+    let pool = CpuPool::new(threads);
+    let warm: Vec<Job> = (0..(REQUEST / blob).min(n_req * REQUEST / blob))
+        .map(|k| Job::new(data.clone(), k * blob..(k + 1) * blob, blob, false))
+        .collect();
+    if policy.codec != CodecId::None {
+        pool.compress_batch(alg, warm);
+    }
+    let compressed: Vec<parking_lot::Mutex<Vec<Option<Vec<u8>>>>> =
+        (0..n_req).map(|_| parking_lot::Mutex::new(Vec::new())).collect();
+    let raw_c_secs = if policy.codec == CodecId::None {
+        0.0
+    } else {
+        parallel(threads, n_req, |i| {
+            let jobs = (0..REQUEST / blob)
+                .map(|k| {
+                    let s = i * REQUEST + k * blob;
+                    Job::new(data.clone(), s..s + blob, output_limit(&policy, blob), false)
+                })
+                .collect();
+            let res = pool.compress_batch(alg, jobs);
+            *compressed[i].lock() = res
+                .into_iter()
+                .map(|r| match r.output {
+                    JobOutput::Compressed(v) => Some(v),
+                    _ => None,
+                })
+                .collect();
+            Ok(())
+        })?
+    };
+    let raw_stored: usize = compressed
+        .iter()
+        .flat_map(|c| c.lock().iter().map(|b| b.as_ref().map_or(blob, |v| v.len())).collect::<Vec<_>>())
+        .sum();
+    let raw_d_secs = if policy.codec == CodecId::None {
+        0.0
+    } else {
+        parallel(threads, n_req, |i| {
+            let mut out = vec![0u8; blob];
+            for b in compressed[i].lock().iter().flatten() {
+                squeeze_codec::decompress(policy.codec, b, &mut out)?;
+            }
+            Ok(())
+        })?
+    };
+    drop(compressed);
+    drop(pool);
+
+    // Engine.
+    std::fs::create_dir_all(&a.dir)?;
+    let tmp = tempfile::Builder::new()
+        .prefix(".squeeze-bench-")
+        .tempdir_in(&a.dir)
+        .with_context(|| format!("temporary directory in {}", a.dir.display()))?;
+    let path = tmp.path().join("bench.sqz");
+    let storage = Arc::new(FileStorage::create(&path)?);
+    let mut opts = CreateOptions::new((data.len() as u64 * 2).max(1 << 30));
+    opts.policy = policy;
+    let engine: Arc<dyn CompressEngine> = Arc::new(CpuPool::new(threads));
+    let vol = Volume::create_with(
+        storage,
+        &opts,
+        OpenOptions {
+            engine: Some(engine),
+            background: true,
+            ..Default::default()
+        },
+    )?;
+    let writers = 2 * threads;
+    let cpu0 = process_cpu_seconds();
+    let w_secs = parallel(writers, n_req, |i| {
+        let off = i * REQUEST;
+        vol.write(off as u64, &data[off..off + REQUEST], false)?;
+        Ok(())
+    })?;
+    let t_flush = Instant::now();
+    vol.flush()?;
+    let w_secs = w_secs + t_flush.elapsed().as_secs_f64();
+    let cpu_w = process_cpu_seconds() - cpu0;
+    let st = vol.stats();
+
+    let cpu1 = process_cpu_seconds();
+    let r_secs = parallel(writers, n_req, |i| {
+        let mut buf = vec![0u8; REQUEST];
+        vol.read((i * REQUEST) as u64, &mut buf)?;
+        std::hint::black_box(&buf);
+        Ok(())
+    })?;
+    let cpu_r = process_cpu_seconds() - cpu1;
+    // Untimed verification pass.
+    parallel(writers, n_req, |i| {
+        let mut buf = vec![0u8; REQUEST];
+        vol.read((i * REQUEST) as u64, &mut buf)?;
+        if buf[..] != data[i * REQUEST..(i + 1) * REQUEST] {
+            bail!("read-back mismatch in request {i}");
+        }
+        Ok(())
+    })?;
+
+    // All-zero writes, one thread.
+    let zeros = vec![0u8; 4 << 20];
+    let zero_bytes = data.len().min(1 << 30) / zeros.len() * zeros.len();
+    let t0 = Instant::now();
+    for k in 0..zero_bytes / zeros.len() {
+        vol.write((k * zeros.len()) as u64, &zeros, false)?;
+    }
+    let z_secs = t0.elapsed().as_secs_f64();
+    vol.close()?;
+
+    let gib = data.len() as f64 / (1u64 << 30) as f64;
+    let raw_c = if raw_c_secs > 0.0 { mb / raw_c_secs } else { 0.0 };
+    let raw_d = if raw_d_secs > 0.0 { mb / raw_d_secs } else { 0.0 };
+    let r = Report {
+        machine: machine(),
+        cores,
+        threads,
+        algorithm: alg.to_string(),
+        mode: policy.mode.name().into(),
+        max_blob: policy.max_blob,
+        data: what,
+        bytes: data.len() as u64,
+        write_mbps: mb / w_secs,
+        read_mbps: mb / r_secs,
+        backing_write_mbps: st.log_bytes_written as f64 / 1e6 / w_secs,
+        raw_compress_mbps: raw_c,
+        raw_decompress_mbps: raw_d,
+        write_vs_raw: if raw_c > 0.0 { mb / w_secs / raw_c } else { 0.0 },
+        read_vs_raw: if raw_d > 0.0 { mb / r_secs / raw_d } else { 0.0 },
+        ratio: st.compression_ratio,
+        raw_ratio: data.len() as f64 / raw_stored.max(1) as f64,
+        cpu_utilization_write: cpu_w / w_secs / cores as f64,
+        cpu_utilization_read: cpu_r / r_secs / cores as f64,
+        cpu_seconds_per_gib_write: cpu_w / gib,
+        cpu_seconds_per_gib_read: cpu_r / gib,
+        zero_write_mbps: zero_bytes as f64 / 1e6 / z_secs,
+        map_bytes_per_mapped_sector: st.map_bytes_per_mapped_sector,
+        blobs_compressed: st.blobs_compressed,
+        blobs_rejected: st.blobs_rejected,
+        blobs_skipped: st.blobs_skipped,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!("machine          {}", r.machine);
+        println!("data             {} of {}", human(r.bytes), r.data);
+        println!(
+            "policy           {} {} max_blob {}, {} threads",
+            r.algorithm,
+            r.mode,
+            human(u64::from(r.max_blob)),
+            r.threads
+        );
+        println!(
+            "engine write     {:>8.1} MB/s  ({:.0}% of raw compress), backing file {:.1} MB/s, CPU {:.0}%, {:.2} CPU s/GiB",
+            r.write_mbps,
+            100.0 * r.write_vs_raw,
+            r.backing_write_mbps,
+            100.0 * r.cpu_utilization_write,
+            r.cpu_seconds_per_gib_write
+        );
+        println!(
+            "engine read      {:>8.1} MB/s  ({:.0}% of raw decompress), CPU {:.0}%, {:.2} CPU s/GiB",
+            r.read_mbps,
+            100.0 * r.read_vs_raw,
+            100.0 * r.cpu_utilization_read,
+            r.cpu_seconds_per_gib_read
+        );
+        println!("raw compress     {:>8.1} MB/s", r.raw_compress_mbps);
+        println!("raw decompress   {:>8.1} MB/s", r.raw_decompress_mbps);
+        println!(
+            "ratio            {:.3} stored (raw codec alone: {:.3}); blobs {} compressed, {} rejected, {} skipped",
+            r.ratio, r.raw_ratio, r.blobs_compressed, r.blobs_rejected, r.blobs_skipped
+        );
+        println!("zero writes      {:>8.1} MB/s (one thread)", r.zero_write_mbps);
+        println!(
+            "map memory       {:.2} bytes per mapped sector",
+            r.map_bytes_per_mapped_sector
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

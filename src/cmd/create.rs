@@ -1,0 +1,60 @@
+//! `squeeze create PATH --size SIZE [policy]`: a new, empty, thin volume.
+
+use super::PolicyArgs;
+use crate::util::{hex, human, parse_size};
+use anyhow::{Context, Result};
+use squeeze_engine::{default_policy, CreateOptions, FileStorage, Volume};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The backing file to create (must not exist).
+    pub path: PathBuf,
+    /// Logical size (64G, 1T, ...); may exceed the free disk: thin.
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// Log segment size: the unit of allocation and cleaning.
+    #[arg(long, default_value = "32M", value_parser = parse_size)]
+    pub segment_size: u64,
+    /// Cap the backing file's physical size; writes fail with ENOSPC at the cap.
+    #[arg(long, value_parser = parse_size)]
+    pub max_physical: Option<u64>,
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let opts = CreateOptions {
+        logical_size: a.size,
+        segment_size: a.segment_size,
+        max_physical: a.max_physical.unwrap_or(0),
+        policy: a.policy.apply(default_policy())?,
+    };
+    let vol = create(&a.path, &opts)?;
+    let sb = vol.superblock();
+    vol.close()?;
+    println!(
+        "created {} ({} logical, uuid {}, {} {})",
+        a.path.display(),
+        human(sb.logical_size),
+        hex(&sb.uuid),
+        super::alg_name(sb.policy.codec, sb.policy.level),
+        sb.policy.mode.name()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Creates a volume file; removes the file again if creation fails.
+pub fn create(path: &std::path::Path, opts: &CreateOptions) -> Result<Volume> {
+    let storage = FileStorage::create(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    match Volume::create(Arc::new(storage), opts) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let _ = std::fs::remove_file(path);
+            Err(e).with_context(|| format!("cannot create volume {}", path.display()))
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! One module per subcommand, plus the policy options `create` and `set`
+//! share (Ceph BlueStore's vocabulary).
+
+pub mod bench;
+pub mod check;
+pub mod create;
+pub mod export;
+pub mod import;
+pub mod info;
+pub mod serve;
+pub mod set;
+pub mod stats;
+
+use crate::util::parse_size;
+use anyhow::{bail, Result};
+use squeeze_engine::{Algorithm, CodecId, CompressionMode, Policy};
+
+/// Compression policy options (BlueStore's compression_* pool settings).
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct PolicyArgs {
+    /// compression_algorithm: lz4, zstd, snappy, deflate or none, with an
+    /// optional level (zstd:3, deflate:6).
+    #[arg(long, value_name = "ALG[:LEVEL]")]
+    pub algorithm: Option<String>,
+    /// compression_mode: none, passive, aggressive or force. Over NBD the
+    /// incompressibility heuristic supplies the hint passive and aggressive
+    /// act on.
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// compression_required_ratio: keep a compressed blob only if it
+    /// occupies at most this fraction of its raw size.
+    #[arg(long, value_name = "RATIO")]
+    pub required_ratio: Option<f64>,
+    /// compression_min_blob_size: smaller blobs are stored raw.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub min_blob: Option<u64>,
+    /// compression_max_blob_size: writes are cut into blobs of at most this.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_blob: Option<u64>,
+    /// Algorithm the cleaner recompresses cold extents with (none = off).
+    #[arg(long, value_name = "ALG[:LEVEL]")]
+    pub recompress: Option<String>,
+}
+
+impl PolicyArgs {
+    pub fn apply(&self, mut p: Policy) -> Result<Policy> {
+        if let Some(a) = &self.algorithm {
+            let alg = Algorithm::parse(a)?;
+            p.codec = alg.codec;
+            p.level = alg.level;
+        }
+        if let Some(m) = &self.mode {
+            p.mode = CompressionMode::from_name(m).ok_or_else(|| {
+                anyhow::anyhow!("unknown mode {m:?}: use none, passive, aggressive or force")
+            })?;
+        }
+        if let Some(r) = self.required_ratio {
+            if !(r > 0.0 && r <= 1.0) {
+                bail!("--required-ratio {r} must be in (0, 1]");
+            }
+            p.required_ratio_ppm = (r * 1e6).round() as u32;
+        }
+        if let Some(b) = self.min_blob {
+            p.min_blob = u32::try_from(b).map_err(|_| anyhow::anyhow!("--min-blob too large"))?;
+        }
+        if let Some(b) = self.max_blob {
+            p.max_blob = u32::try_from(b).map_err(|_| anyhow::anyhow!("--max-blob too large"))?;
+        }
+        if let Some(a) = &self.recompress {
+            let alg = Algorithm::parse(a)?;
+            p.recompress_codec = alg.codec;
+            p.recompress_level = alg.level;
+        }
+        p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(p)
+    }
+}
+
+/// "lz4", "zstd:3" for a codec and level.
+pub fn alg_name(codec: CodecId, level: i32) -> String {
+    Algorithm::new(codec, level).to_string()
+}

@@ -1,0 +1,387 @@
+//! `squeeze serve`: the one adapter between the NBD layer (which knows
+//! nothing of compression) and the engine (which knows nothing of sockets).
+//!
+//! Each PATH becomes an export named after the file's stem; the empty
+//! export name selects the first. With no PATH a default volume under
+//! ./squeeze-data/ is opened, created on first use. Live statistics are
+//! served on a control socket (`squeeze stats SOCKET`) and, with
+//! `--metrics`, in Prometheus text format over HTTP. SIGINT/SIGTERM stop
+//! accepting, finish in-flight requests, flush, checkpoint and exit 0.
+
+use super::PolicyArgs;
+use crate::util::{human, open_volume, parse_size};
+use anyhow::{bail, Context, Result};
+use squeeze_engine::{default_policy, CreateOptions, EngineError, Volume, VolumeStats};
+use squeeze_nbd::{BlockDevice, Export, Listener, Server, ServerConfig};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+pub const DEFAULT_DIR: &str = "squeeze-data";
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Volume files to export (default: ./squeeze-data/default.sqz, created on first use).
+    pub paths: Vec<PathBuf>,
+    /// TCP address to listen on. Loopback by default: NBD has no authentication.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// Listen on a Unix socket (mode 0600) instead of TCP (or as well, with --listen).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (and JSON at /stats).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
+    /// Control socket for `squeeze stats SOCKET` (default: beside the first volume, NAME.ctl).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Size of a volume this command creates (the default volume, or a missing PATH).
+    #[arg(long, default_value = "64G", value_parser = parse_size)]
+    pub size: u64,
+    /// Policy of a volume this command creates.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// NBD worker threads (requests executed at once, over all connections).
+    #[arg(long)]
+    pub workers: Option<usize>,
+}
+
+/// The engine volume as an NBD block device.
+pub struct VolumeDevice {
+    pub vol: Volume,
+}
+
+fn io_err(e: EngineError) -> io::Error {
+    e.into_io()
+}
+
+impl BlockDevice for VolumeDevice {
+    fn size(&self) -> u64 {
+        self.vol.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.vol.read(offset, buf).map_err(io_err)
+    }
+    fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        self.vol.write(offset, data, fua).map_err(io_err)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.vol.flush().map_err(io_err)
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()> {
+        self.vol.trim(offset, len, fua).map_err(io_err)
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, _may_trim: bool, fua: bool) -> io::Result<()> {
+        // Zeros are free (DESIGN principle 4): whole zero sectors are always
+        // stored as holes, with or without NO_HOLE; they read back as zeros.
+        self.vol.write_zeroes(offset, len, fua).map_err(io_err)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, bool)>> {
+        self.vol.block_status(offset, len, 4096).map_err(io_err)
+    }
+    fn is_read_only(&self) -> bool {
+        false
+    }
+    fn can_fast_zero(&self) -> bool {
+        true
+    }
+}
+
+fn export_name(path: &Path) -> String {
+    path.file_stem()
+        .map_or_else(|| "volume".into(), |s| s.to_string_lossy().into_owned())
+}
+
+fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
+    if path.exists() {
+        return open_volume(path, true);
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut o = CreateOptions::new(a.size);
+    o.policy = a.policy.apply(default_policy())?;
+    let v = super::create::create(path, &o)?;
+    eprintln!(
+        "created {} ({} logical, thin)",
+        path.display(),
+        human(a.size)
+    );
+    // Reopen with the background thread running.
+    v.close()?;
+    open_volume(path, true)
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let paths = if a.paths.is_empty() {
+        vec![PathBuf::from(DEFAULT_DIR).join("default.sqz")]
+    } else {
+        a.paths.clone()
+    };
+    let mut devices: Vec<(String, Arc<VolumeDevice>)> = Vec::new();
+    for p in &paths {
+        let name = export_name(p);
+        if devices.iter().any(|(n, _)| *n == name) {
+            bail!("two volumes would share the export name {name:?}");
+        }
+        let vol = open_or_create(p, &a)?;
+        devices.push((name, Arc::new(VolumeDevice { vol })));
+    }
+    let exports: Vec<Export> = devices
+        .iter()
+        .zip(&paths)
+        .map(|((name, dev), p)| Export {
+            name: name.clone(),
+            description: format!("squeeze volume {}", p.display()),
+            device: dev.clone() as Arc<dyn BlockDevice>,
+        })
+        .collect();
+    let mut config = ServerConfig::default();
+    if let Some(w) = a.workers {
+        config.workers = w.max(1);
+    }
+    let server = Server::with_config(exports, config).map_err(|e| anyhow::anyhow!("{e}"))?;
+
+    let mut listeners = Vec::new();
+    if let Some(s) = &a.socket {
+        listeners.push(Listener::bind_unix(s).with_context(|| format!("binding {}", s.display()))?);
+    }
+    if a.listen.is_some() || a.socket.is_none() {
+        let addr = a.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+        listeners.push(Listener::bind_tcp(addr).with_context(|| format!("listening on {addr}"))?);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let control_path = a.control.clone().unwrap_or_else(|| paths[0].with_extension("ctl"));
+    let control = bind_control(&control_path)?;
+    let stats_devices: Arc<Vec<(String, Arc<VolumeDevice>)>> = Arc::new(devices.clone());
+    {
+        let devs = stats_devices.clone();
+        let srv = server.clone();
+        std::thread::Builder::new()
+            .name("sqz-control".into())
+            .spawn(move || control_loop(control, &devs, &srv))?;
+    }
+    if let Some(m) = &a.metrics {
+        let l = TcpListener::bind(m).with_context(|| format!("metrics listener on {m}"))?;
+        let devs = stats_devices.clone();
+        let srv = server.clone();
+        std::thread::Builder::new()
+            .name("sqz-metrics".into())
+            .spawn(move || metrics_loop(l, &devs, &srv))?;
+    }
+
+    print_connect_help(&listeners, &devices, &control_path, a.metrics.as_deref());
+
+    // Signals: stop accepting, let in-flight requests finish.
+    let handle = server.shutdown_handle();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])?;
+    {
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("sqz-signals".into())
+            .spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    tracing::info!(signal = sig, "shutting down");
+                    eprintln!("squeeze serve: signal {sig}, finishing in-flight requests");
+                    stop.store(true, Ordering::SeqCst);
+                    handle.shutdown();
+                }
+            })?;
+    }
+    let threads: Vec<_> = listeners
+        .into_iter()
+        .map(|l| {
+            let srv = server.clone();
+            std::thread::spawn(move || srv.serve(l))
+        })
+        .collect();
+    let mut result = Ok(());
+    for t in threads {
+        if let Err(e) = t.join().expect("serve thread") {
+            result = Err(e);
+        }
+    }
+    server.shutdown_handle().shutdown();
+    let _ = std::fs::remove_file(&control_path);
+    drop(server);
+    let mut failed = false;
+    for (name, dev) in devices {
+        drop(stats_devices.clone());
+        if let Err(e) = dev.vol.flush() {
+            eprintln!("squeeze serve: flushing {name}: {e}");
+            failed = true;
+        }
+        if let Ok(d) = Arc::try_unwrap(dev) {
+            if let Err(e) = d.vol.close() {
+                eprintln!("squeeze serve: closing {name}: {e}");
+                failed = true;
+            }
+        }
+    }
+    result.context("serving")?;
+    if failed {
+        return Ok(ExitCode::FAILURE);
+    }
+    eprintln!("squeeze serve: volumes flushed and checkpointed; bye");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_connect_help(
+    listeners: &[Listener],
+    devices: &[(String, Arc<VolumeDevice>)],
+    control: &Path,
+    metrics: Option<&str>,
+) {
+    let first = &devices[0].0;
+    for l in listeners {
+        let uri = match l {
+            Listener::Tcp(t) => {
+                let a = t.local_addr().map_or_else(|_| DEFAULT_LISTEN.into(), |a| a.to_string());
+                format!("nbd://{a}/{first}")
+            }
+            Listener::Unix(_, p) => format!("nbd+unix:///{first}?socket={}", p.display()),
+        };
+        eprintln!("squeeze serve: listening on {}", l.describe());
+        eprintln!("  exports: {}", devices.iter().map(|d| d.0.as_str()).collect::<Vec<_>>().join(", "));
+        eprintln!("  qemu-img info '{uri}'");
+        eprintln!("  qemu-io -f raw '{uri}' -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'");
+        eprintln!("  nbdinfo --map '{uri}'");
+        eprintln!("  nbdfuse /mnt/squeeze '{uri}'");
+        if let Listener::Tcp(t) = l {
+            if let Ok(a) = t.local_addr() {
+                eprintln!("  nbd-client {} {} /dev/nbd0 -N {first}", a.ip(), a.port());
+            }
+        }
+        eprintln!("  fio --ioengine=nbd --uri='{uri}' --rw=write --bs=128k --iodepth=32 --size=1g --name=w");
+    }
+    eprintln!("  squeeze stats {}", control.display());
+    if let Some(m) = metrics {
+        eprintln!("  curl http://{m}/metrics");
+    }
+}
+
+fn bind_control(path: &Path) -> Result<UnixListener> {
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if m.file_type().is_socket() && UnixStream::connect(path).is_err() {
+            std::fs::remove_file(path)?;
+        } else {
+            bail!(
+                "control socket {} exists: is another server running on this volume?",
+                path.display()
+            );
+        }
+    }
+    let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(
+        path,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )?;
+    Ok(l)
+}
+
+fn stats_json(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for (name, d) in devs {
+        m.insert(name.clone(), serde_json::to_value(d.vol.stats()).expect("stats"));
+    }
+    serde_json::json!({ "volumes": m, "server": format!("{:?}", srv.stats()) })
+}
+
+fn control_loop(l: UnixListener, devs: &[(String, Arc<VolumeDevice>)], srv: &Server) {
+    for conn in l.incoming() {
+        let Ok(mut c) = conn else { continue };
+        let body = stats_json(devs, srv);
+        let _ = c.write_all(body.to_string().as_bytes());
+    }
+}
+
+/// Reads the live statistics from a server's control socket.
+pub fn query_control(path: &Path) -> Result<Vec<(String, VolumeStats)>> {
+    let mut c = UnixStream::connect(path)?;
+    let mut s = String::new();
+    c.read_to_string(&mut s)?;
+    let v: serde_json::Value = serde_json::from_str(&s)?;
+    let vols = v["volumes"]
+        .as_object()
+        .ok_or_else(|| anyhow::anyhow!("malformed answer from the control socket"))?;
+    vols.iter()
+        .map(|(k, v)| Ok((k.clone(), stats_from_json(v)?)))
+        .collect()
+}
+
+fn stats_from_json(v: &serde_json::Value) -> Result<VolumeStats> {
+    Ok(serde_json::from_value(v.clone())?)
+}
+
+fn metrics_loop(l: TcpListener, devs: &[(String, Arc<VolumeDevice>)], srv: &Server) {
+    for conn in l.incoming() {
+        let Ok(mut c) = conn else { continue };
+        let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+        let mut first = String::new();
+        if BufReader::new(&mut c).read_line(&mut first).is_err() {
+            continue;
+        }
+        let path = first.split_whitespace().nth(1).unwrap_or("/");
+        let (status, ctype, body) = match path {
+            "/metrics" => ("200 OK", "text/plain; version=0.0.4", prometheus(devs, srv)),
+            "/stats" => ("200 OK", "application/json", stats_json(devs, srv).to_string()),
+            _ => ("404 Not Found", "text/plain", "try /metrics or /stats\n".into()),
+        };
+        let _ = write!(
+            c,
+            "HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    }
+}
+
+/// The statistics in Prometheus text exposition format.
+pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String {
+    let mut out = String::new();
+    let mut metric = |name: &str, help: &str, kind: &str, vals: Vec<(String, f64)>| {
+        out.push_str(&format!("# HELP squeeze_{name} {help}\n# TYPE squeeze_{name} {kind}\n"));
+        for (export, v) in vals {
+            out.push_str(&format!("squeeze_{name}{{export=\"{export}\"}} {v}\n"));
+        }
+    };
+    let stats: Vec<(String, VolumeStats)> =
+        devs.iter().map(|(n, d)| (n.clone(), d.vol.stats())).collect();
+    macro_rules! m {
+        ($name:literal, $help:literal, $kind:literal, $f:expr) => {
+            metric(
+                $name,
+                $help,
+                $kind,
+                stats.iter().map(|(n, s)| (n.clone(), $f(s) as f64)).collect(),
+            )
+        };
+    }
+    m!("logical_size_bytes", "Logical size of the volume.", "gauge", |s: &VolumeStats| s.logical_size);
+    m!("written_bytes_total", "Bytes clients wrote.", "counter", |s: &VolumeStats| s.bytes_written);
+    m!("read_bytes_total", "Bytes clients read.", "counter", |s: &VolumeStats| s.bytes_read);
+    m!("mapped_bytes", "Non-zero logical data.", "gauge", |s: &VolumeStats| s.mapped_bytes);
+    m!("stored_bytes", "Live compressed extents.", "gauge", |s: &VolumeStats| s.stored_bytes);
+    m!("physical_bytes", "Bytes the backing file occupies on disk.", "gauge", |s: &VolumeStats| s.physical_bytes);
+    m!("free_physical_bytes", "Room left under the physical cap.", "gauge", |s: &VolumeStats| s.free_physical_bytes);
+    m!("compression_ratio", "Mapped bytes over stored bytes.", "gauge", |s: &VolumeStats| s.compression_ratio);
+    m!("blobs_compressed_total", "Blobs stored compressed.", "counter", |s: &VolumeStats| s.blobs_compressed);
+    m!("blobs_rejected_total", "Blobs over the required ratio, stored raw.", "counter", |s: &VolumeStats| s.blobs_rejected);
+    m!("blobs_skipped_total", "Blobs the heuristic or mode kept from the codec.", "counter", |s: &VolumeStats| s.blobs_skipped);
+    m!("compress_cpu_seconds_total", "CPU seconds compressing.", "counter", |s: &VolumeStats| s.compress_cpu_seconds);
+    m!("decompress_cpu_seconds_total", "CPU seconds decompressing.", "counter", |s: &VolumeStats| s.decompress_cpu_seconds);
+    m!("write_amplification", "Backing bytes written per stored client byte.", "gauge", |s: &VolumeStats| s.write_amplification);
+    m!("checksum_errors_total", "Reads that failed a checksum.", "counter", |s: &VolumeStats| s.checksum_errors);
+    m!("map_memory_bytes", "RAM used by the sector map.", "gauge", |s: &VolumeStats| s.map_memory_bytes);
+    m!("read_only", "1 when the volume turned read-only after an I/O failure.", "gauge", |s: &VolumeStats| u8::from(s.read_only_reason.is_some()));
+    let _ = srv;
+    out
+}

@@ -1,0 +1,107 @@
+//! `squeeze stats PATH [--json]`: what the volume holds and what it cost.
+//! PATH is a volume file, or the control socket of a running server
+//! (`squeeze serve --control PATH`), which answers with live figures.
+
+use crate::util::{human, open_volume_read_only};
+use anyhow::{Context, Result};
+use squeeze_engine::VolumeStats;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A volume file, or a running server's control socket.
+    pub path: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let is_socket = std::fs::metadata(&a.path)
+        .map(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+        .unwrap_or(false);
+    let stats: Vec<(String, VolumeStats)> = if is_socket {
+        super::serve::query_control(&a.path)
+            .with_context(|| format!("asking the server at {}", a.path.display()))?
+    } else {
+        let vol = open_volume_read_only(&a.path)?;
+        vec![(a.path.display().to_string(), vol.stats())]
+    };
+    if a.json {
+        if stats.len() == 1 && !is_socket {
+            println!("{}", serde_json::to_string_pretty(&stats[0].1)?);
+        } else {
+            let m: serde_json::Map<String, serde_json::Value> = stats
+                .into_iter()
+                .map(|(k, v)| (k, serde_json::to_value(v).expect("stats serialise")))
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&m)?);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (name, st) in &stats {
+        print_stats(name, st);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn print_stats(name: &str, s: &VolumeStats) {
+    println!("volume                 {name}");
+    println!("logical size           {}", human(s.logical_size));
+    println!("bytes written          {}", human(s.bytes_written));
+    println!("bytes read             {}", human(s.bytes_read));
+    println!(
+        "mapped (non-zero)      {} ({} zero sectors written, {} trimmed)",
+        human(s.mapped_bytes),
+        s.zero_sectors_written,
+        s.sectors_trimmed
+    );
+    println!("stored (live extents)  {}", human(s.stored_bytes));
+    println!(
+        "physical (du)          {} of {} allocated, {} free",
+        human(s.physical_bytes),
+        human(s.allocated_bytes),
+        human(s.free_physical_bytes)
+    );
+    println!("compression ratio      {:.3}", s.compression_ratio);
+    println!("effective ratio        {:.3} (mapped / physical)", s.effective_ratio);
+    let per: Vec<String> = s
+        .bytes_per_algorithm
+        .iter()
+        .filter(|(_, v)| **v > 0)
+        .map(|(k, v)| format!("{k} {}", human(*v)))
+        .collect();
+    println!("bytes per algorithm    {}", per.join(", "));
+    println!(
+        "blobs                  {} compressed, {} rejected (over required ratio), {} skipped",
+        s.blobs_compressed, s.blobs_rejected, s.blobs_skipped
+    );
+    println!(
+        "CPU seconds            {:.3} compressing, {:.3} decompressing",
+        s.compress_cpu_seconds, s.decompress_cpu_seconds
+    );
+    println!(
+        "log written            {} ({} checkpoints, {}), write amplification {:.3}",
+        human(s.log_bytes_written),
+        s.checkpoints,
+        human(s.checkpoint_bytes_written),
+        s.write_amplification
+    );
+    println!(
+        "segments               {} in file, {} free, {} reclaimed, {} each",
+        s.segments_total,
+        s.segments_free,
+        s.segments_reclaimed,
+        human(s.segment_size)
+    );
+    println!(
+        "map memory             {} ({:.2} bytes per mapped sector)",
+        human(s.map_memory_bytes),
+        s.map_bytes_per_mapped_sector
+    );
+    println!("checksum errors        {}", s.checksum_errors);
+    if let Some(r) = &s.read_only_reason {
+        println!("READ-ONLY              {r}");
+    }
+}

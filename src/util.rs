@@ -1,0 +1,137 @@
+//! Helpers shared by the subcommands: sizes, opening volumes, progress.
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use squeeze_engine::{FileStorage, OpenOptions, Volume};
+use std::path::Path;
+use std::sync::Arc;
+
+pub fn init_logging(verbose: u8) {
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Parses "64G", "1T", "4K", "128KiB", "1.5G" or plain bytes (binary units).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        "T" | "TB" | "TIB" => 1 << 40,
+        "P" | "PB" | "PIB" => 1 << 50,
+        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
+    };
+    let n: f64 = num.parse().map_err(|_| format!("not a size: {s:?}"))?;
+    if !(n.is_finite() && n >= 0.0) {
+        return Err(format!("not a size: {s:?}"));
+    }
+    let v = n * mult as f64;
+    if v > u64::MAX as f64 {
+        return Err(format!("size too large: {s:?}"));
+    }
+    Ok(v as u64)
+}
+
+/// Formats bytes in binary units.
+pub fn human(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.2} {}", units[u])
+    }
+}
+
+/// Opens a volume file for reading and writing.
+pub fn open_volume(path: &Path, background: bool) -> Result<Volume> {
+    let storage = FileStorage::open(path)
+        .with_context(|| format!("cannot open volume {}", path.display()))?;
+    Volume::open(
+        Arc::new(storage),
+        OpenOptions {
+            background,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("cannot open volume {}", path.display()))
+}
+
+/// Opens a volume without writing to it.
+pub fn open_volume_read_only(path: &Path) -> Result<Volume> {
+    let storage = FileStorage::open_read_only(path)
+        .with_context(|| format!("cannot open volume {}", path.display()))?;
+    Volume::open(
+        Arc::new(storage),
+        OpenOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("cannot open volume {}", path.display()))
+}
+
+pub fn progress(len: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+        .expect("template")
+        .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+pub fn hex(uuid: &[u8; 16]) -> String {
+    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64G").unwrap(), 64 << 30);
+        assert_eq!(parse_size("1T").unwrap(), 1 << 40);
+        assert_eq!(parse_size("4K").unwrap(), 4096);
+        assert_eq!(parse_size("128KiB").unwrap(), 128 << 10);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("").is_err());
+    }
+}
