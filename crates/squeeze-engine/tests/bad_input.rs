@@ -1,0 +1,262 @@
+//! Bad input of every kind gets a clear, typed error and loses nothing:
+//! a store that is not a volume, a truncated one, an unknown format
+//! version, an unknown codec id, flipped bits, a full disk, a failed sync.
+
+mod common;
+use common::*;
+use rand::Rng;
+use squeeze_engine::{
+    check::check, CreateOptions, EngineError, OpenOptions, SimFaults, SimStorage, Storage, Volume,
+};
+use squeeze_format::{checksum, RecordHeader, SECTOR_SIZE};
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+
+fn open(s: &Arc<SimStorage>) -> squeeze_engine::Result<Volume> {
+    Volume::open(s.clone(), OpenOptions::default())
+}
+
+#[test]
+fn not_a_volume_and_truncated() {
+    let s = Arc::new(SimStorage::new());
+    s.allocate(0, 1 << 20).unwrap();
+    s.write_at(b"hello, this is a text file", 0).unwrap();
+    let e = open(&s).err().expect("not a volume");
+    assert!(matches!(e, EngineError::NotAVolume(_)), "{e}");
+    assert!(e.to_string().contains("not a squeeze volume"), "{e}");
+
+    let empty = Arc::new(SimStorage::new());
+    let e = open(&empty).err().expect("empty");
+    assert!(matches!(e, EngineError::NotAVolume(_)), "{e}");
+
+    // A real volume cut short: the checkpoint and log are gone.
+    let (s, v) = sim_volume(8 * MIB, None);
+    v.write(0, &[7u8; 65536], true).unwrap();
+    v.close().unwrap();
+    let short = Arc::new(SimStorage::new());
+    let mut head = vec![0u8; 8192];
+    s.read_at(&mut head, 0).unwrap();
+    short.allocate(0, 8192).unwrap();
+    short.write_at(&head, 0).unwrap();
+    let e = open(&short).err().expect("truncated");
+    assert!(matches!(e, EngineError::Metadata(_)), "{e}");
+}
+
+#[test]
+fn unknown_format_version() {
+    let (s, v) = sim_volume(8 * MIB, None);
+    v.close().unwrap();
+    for slot in 0..2u64 {
+        let mut b = vec![0u8; 4096];
+        s.read_at(&mut b, slot * 4096).unwrap();
+        b[8..12].copy_from_slice(&7u32.to_le_bytes());
+        let crc = checksum::crc32c(&b[..4092]);
+        b[4092..].copy_from_slice(&crc.to_le_bytes());
+        s.write_at(&b, slot * 4096).unwrap();
+    }
+    let e = open(&s).err().expect("version");
+    assert!(e.to_string().contains("unsupported format version 7"), "{e}");
+}
+
+/// Finds the record of `lba` by scanning the store for its header.
+fn find_record(s: &SimStorage, uuid: [u8; 16], lba: u64) -> u64 {
+    let len = s.len().unwrap();
+    let mut buf = vec![0u8; len as usize];
+    s.read_at(&mut buf, 0).unwrap();
+    let mut off = 1 << 20;
+    while off + 64 <= len {
+        if let Ok(h) = RecordHeader::decode(&buf[off as usize..off as usize + 64]) {
+            if h.uuid == uuid && h.lba == lba && h.kind.has_payload() {
+                return off;
+            }
+        }
+        off += 16;
+    }
+    panic!("record for LBA {lba} not found");
+}
+
+#[test]
+fn flipped_bits_fail_only_the_affected_reads_and_check_names_them() {
+    let (s, v) = sim_volume(8 * MIB, None);
+    let mut r = rng(4);
+    let d = data(&mut r, 3, 2 * MIB as usize);
+    v.write(0, &d, true).unwrap();
+    let uuid = v.uuid();
+    v.close().unwrap();
+    // Damage the payload of the record holding LBA 32 (sectors 32..48 with 64K blobs).
+    let off = find_record(&s, uuid, 32);
+    s.flip_bit(off + 64 + 100, 3);
+    let v = open(&s).unwrap();
+    let mut b = vec![0u8; SECTOR_SIZE];
+    let e = v.read(32 * 4096, &mut b).err().expect("checksum error");
+    assert!(matches!(e, EngineError::Corrupt { lba: 32, .. }), "{e}");
+    assert_eq!(e.errno(), libc::EIO);
+    // Neighbours are served.
+    v.read(0, &mut b).unwrap();
+    assert_eq!(&b[..], &d[..4096]);
+    v.read(48 * 4096, &mut b).unwrap();
+    assert_eq!(&b[..], &d[48 * 4096..49 * 4096]);
+    let rep = check(&v, |_, _| {});
+    assert!(!rep.is_clean());
+    assert_eq!(rep.damaged.len(), 1, "{:?}", rep.damaged);
+    assert_eq!(rep.damaged[0].first_lba, 32);
+    assert_eq!(rep.damaged[0].sectors, 16);
+    assert_eq!(v.stats().checksum_errors, 2);
+}
+
+#[test]
+fn unknown_codec_id_in_a_record_is_an_error_not_data() {
+    let (s, v) = sim_volume(8 * MIB, None);
+    let mut r = rng(6);
+    let d = data(&mut r, 2, 256 << 10);
+    v.write(0, &d, true).unwrap();
+    let uuid = v.uuid();
+    v.close().unwrap();
+    let off = find_record(&s, uuid, 16);
+    let mut h = vec![0u8; 64];
+    s.read_at(&mut h, off).unwrap();
+    h[5] = 42; // codec id
+    let crc = checksum::crc32c(&h[..60]);
+    h[60..].copy_from_slice(&crc.to_le_bytes());
+    s.write_at(&h, off).unwrap();
+    let v = open(&s).unwrap();
+    let mut b = vec![0u8; 4096];
+    let e = v.read(16 * 4096, &mut b).err().expect("unknown codec");
+    assert!(e.to_string().contains("unknown codec id 42"), "{e}");
+    let rep = check(&v, |_, _| {});
+    assert_eq!(rep.damaged.len(), 1);
+    assert_eq!(rep.damaged[0].first_lba, 16);
+}
+
+#[test]
+fn corrupt_checkpoint_is_reported() {
+    let (s, v) = sim_volume(8 * MIB, None);
+    v.write(0, &[1u8; 8192], true).unwrap();
+    v.close().unwrap();
+    let ro = Volume::open(
+        s.clone(),
+        OpenOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let cur = ro.superblock();
+    drop(ro);
+    let off = cur.segment_offset(cur.checkpoint.segments[0]);
+    s.flip_bit(off + 40, 0);
+    let e = open(&s).err().expect("corrupt checkpoint");
+    assert!(e.to_string().contains("checkpoint checksum mismatch"), "{e}");
+}
+
+#[test]
+fn max_physical_gives_enospc_and_recovers_after_trim() {
+    let s = Arc::new(SimStorage::new());
+    let mut o = CreateOptions::new(64 * MIB);
+    o.segment_size = 512 << 10;
+    o.max_physical = 6 * MIB;
+    let v = Volume::create(s.clone(), &o).unwrap();
+    let mut r = rng(8);
+    let mut written = 0u64;
+    let err = loop {
+        let d = data(&mut r, 1, 256 << 10);
+        match v.write(written, &d, false) {
+            Ok(()) => written += d.len() as u64,
+            Err(e) => break e,
+        }
+        assert!(written < 64 * MIB, "never ran out of room");
+    };
+    assert!(matches!(err, EngineError::NoSpace(_)), "{err}");
+    assert_eq!(err.errno(), libc::ENOSPC);
+    assert!(written >= 3 * MIB, "only {written} bytes fit");
+    // Reads, flushes and trims still work.
+    let mut b = vec![0u8; 4096];
+    v.read(0, &mut b).unwrap();
+    v.flush().unwrap();
+    v.trim(0, written, false).unwrap();
+    // After the trim, room comes back (dead segments are freed by a checkpoint).
+    let d = data(&mut r, 1, 1 << 20);
+    v.write(0, &d, true).unwrap();
+    v.read(0, &mut b).unwrap();
+    assert_eq!(&b[..], &d[..4096]);
+    v.verify_accounting().unwrap();
+    v.close().unwrap();
+    let v = open(&s).unwrap();
+    v.read(0, &mut b).unwrap();
+    assert_eq!(&b[..], &d[..4096]);
+}
+
+#[test]
+fn full_backing_disk_gives_enospc_and_stays_consistent() {
+    let s = Arc::new(SimStorage::new());
+    let v = Volume::create(s.clone(), &small_opts(64 * MIB)).unwrap();
+    let mut r = rng(10);
+    let keep = data(&mut r, 1, 1 << 20);
+    v.write(0, &keep, true).unwrap();
+    s.set_faults(SimFaults {
+        capacity: Some(s.len().unwrap() + 2 * MIB),
+        ..Default::default()
+    });
+    let mut at = MIB;
+    let err = loop {
+        let d = data(&mut r, 1, 256 << 10);
+        match v.write(at, &d, false) {
+            Ok(()) => at += d.len() as u64,
+            Err(e) => break e,
+        }
+        assert!(at < 64 * MIB);
+    };
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    let mut b = vec![0u8; keep.len()];
+    v.read(0, &mut b).unwrap();
+    assert!(b == keep);
+    v.flush().unwrap();
+    // Free room: the disk grows (an admin deleted files); writes work again.
+    s.set_faults(SimFaults::default());
+    let d = data(&mut r, 1, 1 << 20);
+    v.write(at, &d, true).unwrap();
+    v.close().unwrap();
+    let v = open(&s).unwrap();
+    v.read(0, &mut b).unwrap();
+    assert!(b == keep);
+}
+
+#[test]
+fn failed_sync_turns_the_volume_read_only() {
+    let (s, v) = sim_volume(8 * MIB, None);
+    v.write(0, &[5u8; 8192], true).unwrap();
+    s.set_faults(SimFaults {
+        sync_eio: 1,
+        ..Default::default()
+    });
+    v.write(8192, &[6u8; 8192], false).unwrap();
+    let e = v.flush().err().expect("sync fails");
+    assert!(e.to_string().contains("injected EIO"), "{e}");
+    // It never pretends success afterwards.
+    assert!(matches!(v.flush(), Err(EngineError::ReadOnly(_))));
+    assert!(matches!(v.write(0, &[1], false), Err(EngineError::ReadOnly(_))));
+    let mut b = vec![0u8; 8192];
+    v.read(0, &mut b).unwrap();
+    assert_eq!(b, vec![5u8; 8192]);
+    assert!(v.stats().read_only_reason.is_some());
+    drop(v);
+    // Reopening clears it; the flushed data is there.
+    let v = open(&s).unwrap();
+    v.read(0, &mut b).unwrap();
+    assert_eq!(b, vec![5u8; 8192]);
+    v.write(0, &[1], true).unwrap();
+}
+
+#[test]
+fn write_eio_turns_the_volume_read_only() {
+    let (s, v) = sim_volume(8 * MIB, None);
+    s.set_faults(SimFaults {
+        write_eio: 1,
+        ..Default::default()
+    });
+    let mut r = rng(2);
+    let d: Vec<u8> = (0..65536).map(|_| r.gen()).collect();
+    assert!(v.write(0, &d, false).is_err());
+    assert!(matches!(v.write(0, &d, false), Err(EngineError::ReadOnly(_))));
+}
