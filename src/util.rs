@@ -117,7 +117,6 @@ pub fn hex(uuid: &[u8; 16]) -> String {
     )
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

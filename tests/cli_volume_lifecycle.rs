@@ -27,7 +27,13 @@ fn ok(args: &[&str]) -> String {
 /// A few MiB of real files (binaries and text) with a hole in the middle.
 fn real_source(path: &Path) {
     let mut data = Vec::new();
-    for f in ["/usr/bin/ls", "/usr/bin/cat", "/usr/bin/env", "/etc/services", "/usr/bin/tar"] {
+    for f in [
+        "/usr/bin/ls",
+        "/usr/bin/cat",
+        "/usr/bin/env",
+        "/etc/services",
+        "/usr/bin/tar",
+    ] {
         if let Ok(b) = std::fs::read(f) {
             data.extend_from_slice(&b);
         }
@@ -37,7 +43,8 @@ fn real_source(path: &Path) {
     use std::os::unix::fs::FileExt;
     f.write_all_at(&data, 0).unwrap();
     // a 4 MiB hole, then the data again
-    f.write_all_at(&data, data.len() as u64 + (4 << 20)).unwrap();
+    f.write_all_at(&data, data.len() as u64 + (4 << 20))
+        .unwrap();
 }
 
 #[test]
@@ -46,7 +53,16 @@ fn create_import_export_check() {
     let d = dir.path();
     let vol = d.join("v.sqz");
     let v = vol.to_str().unwrap();
-    let out = ok(&["create", v, "--size", "64M", "--algorithm", "zstd:3", "--mode", "force"]);
+    let out = ok(&[
+        "create",
+        v,
+        "--size",
+        "64M",
+        "--algorithm",
+        "zstd:3",
+        "--mode",
+        "force",
+    ]);
     assert!(out.contains("created"), "{out}");
     let info = ok(&["info", v, "--json"]);
     let info: serde_json::Value = serde_json::from_str(&info).unwrap();
@@ -74,12 +90,21 @@ fn create_import_export_check() {
     }
     assert!(st["compression_ratio"].as_f64().unwrap() > 1.5, "{st}");
     let src_len = std::fs::metadata(&src).unwrap().len();
-    assert!(st["mapped_bytes"].as_u64().unwrap() < src_len - (3 << 20), "hole was stored: {st}");
+    assert!(
+        st["mapped_bytes"].as_u64().unwrap() < src_len - (3 << 20),
+        "hole was stored: {st}"
+    );
     let text = ok(&["stats", v]);
     assert!(text.contains("compression ratio"), "{text}");
 
     let back = d.join("back.img");
-    ok(&["export", v, back.to_str().unwrap(), "--length", &src_len.to_string()]);
+    ok(&[
+        "export",
+        v,
+        back.to_str().unwrap(),
+        "--length",
+        &src_len.to_string(),
+    ]);
     assert!(std::fs::read(&src).unwrap() == std::fs::read(&back).unwrap());
 
     let out = ok(&["set", v, "--algorithm", "lz4", "--mode", "aggressive"]);
@@ -107,7 +132,8 @@ fn create_import_export_check() {
     {
         use std::os::unix::fs::FileExt;
         let f = std::fs::OpenOptions::new().write(true).open(&vol).unwrap();
-        f.write_all_at(&[bytes[target] ^ 0x40], target as u64).unwrap();
+        f.write_all_at(&[bytes[target] ^ 0x40], target as u64)
+            .unwrap();
     }
     let o = squeeze(&["check", v]);
     assert_eq!(o.status.code(), Some(1));
@@ -120,7 +146,11 @@ fn create_import_export_check() {
     // Export refuses to hand out corrupt data.
     let o = squeeze(&["export", v, back.to_str().unwrap()]);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("checksum"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("checksum"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 #[test]
@@ -140,11 +170,25 @@ fn clear_errors_for_bad_files() {
     assert!(!o.status.success(), "create must not overwrite a file");
     assert_eq!(std::fs::metadata(&text).unwrap().len(), 100_000);
     let v = dir.path().join("v.sqz");
-    let o = squeeze(&["create", v.to_str().unwrap(), "--size", "1G", "--max-blob", "1M"]);
+    let o = squeeze(&[
+        "create",
+        v.to_str().unwrap(),
+        "--size",
+        "1G",
+        "--max-blob",
+        "1M",
+    ]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("max_blob"));
     assert!(!v.exists(), "a failed create leaves no file");
-    let o = squeeze(&["create", v.to_str().unwrap(), "--size", "1G", "--algorithm", "brotli"]);
+    let o = squeeze(&[
+        "create",
+        v.to_str().unwrap(),
+        "--size",
+        "1G",
+        "--algorithm",
+        "brotli",
+    ]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("brotli"));
     let o = squeeze(&["create", v.to_str().unwrap(), "--size", "12Q"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("unit"));
@@ -153,9 +197,22 @@ fn clear_errors_for_bad_files() {
 #[test]
 fn bench_reports_the_documented_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let out = ok(&["bench", "--json", "--size", "16M", "--dir", dir.path().to_str().unwrap()]);
+    let out = ok(&[
+        "bench",
+        "--json",
+        "--size",
+        "16M",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ]);
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
-    for k in ["write_mbps", "read_mbps", "raw_compress_mbps", "raw_decompress_mbps", "ratio"] {
+    for k in [
+        "write_mbps",
+        "read_mbps",
+        "raw_compress_mbps",
+        "raw_decompress_mbps",
+        "ratio",
+    ] {
         assert!(j[k].as_f64().unwrap() > 0.0, "{k}: {j}");
     }
     assert!((j["ratio"].as_f64().unwrap() - 2.4).abs() < 0.5, "{j}");

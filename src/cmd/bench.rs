@@ -120,7 +120,10 @@ fn load_data(a: &Args) -> Result<(Vec<u8>, String)> {
         }
         None => Ok((
             squeeze_codec::testdata::fio_like(size, a.compress_percentage, 4096, 0x5eed),
-            format!("fio-like, {}% compressible per 4 KiB", a.compress_percentage),
+            format!(
+                "fio-like, {}% compressible per 4 KiB",
+                a.compress_percentage
+            ),
         )),
     }
 }
@@ -180,8 +183,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if policy.codec != CodecId::None {
         pool.compress_batch(alg, warm);
     }
-    let compressed: Vec<parking_lot::Mutex<Vec<Option<Vec<u8>>>>> =
-        (0..n_req).map(|_| parking_lot::Mutex::new(Vec::new())).collect();
+    let compressed: Vec<parking_lot::Mutex<Vec<Option<Vec<u8>>>>> = (0..n_req)
+        .map(|_| parking_lot::Mutex::new(Vec::new()))
+        .collect();
     let raw_c_secs = if policy.codec == CodecId::None {
         0.0
     } else {
@@ -189,7 +193,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
             let jobs = (0..REQUEST / blob)
                 .map(|k| {
                     let s = i * REQUEST + k * blob;
-                    Job::new(data.clone(), s..s + blob, output_limit(&policy, blob), false)
+                    Job::new(
+                        data.clone(),
+                        s..s + blob,
+                        output_limit(&policy, blob),
+                        false,
+                    )
                 })
                 .collect();
             let res = pool.compress_batch(alg, jobs);
@@ -205,7 +214,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     let raw_stored: usize = compressed
         .iter()
-        .flat_map(|c| c.lock().iter().map(|b| b.as_ref().map_or(blob, |v| v.len())).collect::<Vec<_>>())
+        .flat_map(|c| {
+            c.lock()
+                .iter()
+                .map(|b| b.as_ref().map_or(blob, |v| v.len()))
+                .collect::<Vec<_>>()
+        })
         .sum();
     let raw_d_secs = if policy.codec == CodecId::None {
         0.0
@@ -283,8 +297,16 @@ pub fn run(a: Args) -> Result<ExitCode> {
     vol.close()?;
 
     let gib = data.len() as f64 / (1u64 << 30) as f64;
-    let raw_c = if raw_c_secs > 0.0 { mb / raw_c_secs } else { 0.0 };
-    let raw_d = if raw_d_secs > 0.0 { mb / raw_d_secs } else { 0.0 };
+    let raw_c = if raw_c_secs > 0.0 {
+        mb / raw_c_secs
+    } else {
+        0.0
+    };
+    let raw_d = if raw_d_secs > 0.0 {
+        mb / raw_d_secs
+    } else {
+        0.0
+    };
     let r = Report {
         machine: machine(),
         cores,
@@ -299,8 +321,16 @@ pub fn run(a: Args) -> Result<ExitCode> {
         backing_write_mbps: st.log_bytes_written as f64 / 1e6 / w_secs,
         raw_compress_mbps: raw_c,
         raw_decompress_mbps: raw_d,
-        write_vs_raw: if raw_c > 0.0 { mb / w_secs / raw_c } else { 0.0 },
-        read_vs_raw: if raw_d > 0.0 { mb / r_secs / raw_d } else { 0.0 },
+        write_vs_raw: if raw_c > 0.0 {
+            mb / w_secs / raw_c
+        } else {
+            0.0
+        },
+        read_vs_raw: if raw_d > 0.0 {
+            mb / r_secs / raw_d
+        } else {
+            0.0
+        },
         ratio: st.compression_ratio,
         raw_ratio: data.len() as f64 / raw_stored.max(1) as f64,
         cpu_utilization_write: cpu_w / w_secs / cores as f64,
@@ -346,7 +376,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "ratio            {:.3} stored (raw codec alone: {:.3}); blobs {} compressed, {} rejected, {} skipped",
             r.ratio, r.raw_ratio, r.blobs_compressed, r.blobs_rejected, r.blobs_skipped
         );
-        println!("zero writes      {:>8.1} MB/s (one thread)", r.zero_write_mbps);
+        println!(
+            "zero writes      {:>8.1} MB/s (one thread)",
+            r.zero_write_mbps
+        );
         println!(
             "map memory       {:.2} bytes per mapped sector",
             r.map_bytes_per_mapped_sector

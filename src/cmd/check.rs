@@ -23,7 +23,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         Ok(v) => v,
         Err(e) => {
             if a.json {
-                println!("{}", serde_json::json!({ "ok": false, "fatal": format!("{e:#}") }));
+                println!(
+                    "{}",
+                    serde_json::json!({ "ok": false, "fatal": format!("{e:#}") })
+                );
             } else {
                 eprintln!("squeeze check: {}: {e:#}", a.path.display());
             }

@@ -48,8 +48,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
 
 /// Creates a volume file; removes the file again if creation fails.
 pub fn create(path: &std::path::Path, opts: &CreateOptions) -> Result<Volume> {
-    let storage = FileStorage::create(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
+    let storage =
+        FileStorage::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     match Volume::create(Arc::new(storage), opts) {
         Ok(v) => Ok(v),
         Err(e) => {

@@ -52,7 +52,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         let n = (len - at).min(CHUNK) as usize;
         let holes = vol.block_status(at, n as u64, 1)?;
         let all_hole = holes.len() == 1 && holes[0].1 && holes[0].0 == n as u64;
-        if !(all_hole && !is_block) {
+        if !all_hole || is_block {
             vol.read(at, &mut buf[..n])
                 .with_context(|| format!("reading the volume at {at}"))?;
             if is_block || buf[..n].iter().any(|&b| b != 0) {

@@ -42,7 +42,10 @@ pub fn source_len(f: &File) -> Result<u64> {
     // SAFETY: lseek on an fd we own.
     let end = unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_END) };
     if end < 0 {
-        bail!("cannot determine the size: {}", std::io::Error::last_os_error());
+        bail!(
+            "cannot determine the size: {}",
+            std::io::Error::last_os_error()
+        );
     }
     Ok(end as u64)
 }
@@ -181,4 +184,3 @@ pub fn process_cpu_seconds() -> f64 {
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
-

@@ -51,7 +51,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
     println!("volume          {}", a.path.display());
     println!("format version  {FORMAT_VERSION}");
     println!("uuid            {}", hex(&sb.uuid));
-    println!("logical size    {} ({} bytes)", human(sb.logical_size), sb.logical_size);
+    println!(
+        "logical size    {} ({} bytes)",
+        human(sb.logical_size),
+        sb.logical_size
+    );
     println!("sector size     {}", squeeze_format::SECTOR_SIZE);
     println!(
         "layout          superblocks at 0 and 4 KiB, segments of {} from {}",
@@ -75,7 +79,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
         human(sb.checkpoint.len),
         sb.checkpoint.segments,
         sb.generation,
-        if sb.clean { "clean" } else { "not closed cleanly" }
+        if sb.clean {
+            "clean"
+        } else {
+            "not closed cleanly"
+        }
     );
     println!("algorithm       {}", super::alg_name(p.codec, p.level));
     println!("mode            {}", p.mode.name());

@@ -65,7 +65,10 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         human(s.free_physical_bytes)
     );
     println!("compression ratio      {:.3}", s.compression_ratio);
-    println!("effective ratio        {:.3} (mapped / physical)", s.effective_ratio);
+    println!(
+        "effective ratio        {:.3} (mapped / physical)",
+        s.effective_ratio
+    );
     let per: Vec<String> = s
         .bytes_per_algorithm
         .iter()

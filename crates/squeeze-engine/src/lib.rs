@@ -2,15 +2,15 @@
 //! volume. See docs/ARCHITECTURE.md for the data path; each stage is one
 //! module:
 //!
-//! - [`volume`]: the LBA space, flush/FUA semantics, the public API
-//! - [`pipeline`]: split -> policy -> compress
-//! - [`locks`]: range locks and flush tickets
-//! - [`map`]: the sector map
-//! - [`space`]: segment states, free list, live-byte accounting
-//! - [`meta`]: superblock, checkpoints, recovery
-//! - [`storage`]: the backing file and the crash/fault simulator
-//! - [`check`]: the scrubber behind `squeeze check`
-//! - [`stats`]: counters
+//! - `volume`: the LBA space, flush/FUA semantics, the public API
+//! - `pipeline`: split -> policy -> compress
+//! - `locks`: range locks and flush tickets
+//! - `map`: the sector map
+//! - `space`: segment states, free list, live-byte accounting
+//! - `meta`: superblock, checkpoints, recovery
+//! - `storage`: the backing file and the crash/fault simulator
+//! - `check`: the scrubber behind `squeeze check`
+//! - `stats`: counters
 
 pub mod check;
 pub mod error;

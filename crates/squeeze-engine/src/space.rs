@@ -45,7 +45,10 @@ impl SegmentTable {
     }
 
     pub fn state(&self, s: SegmentId) -> SegState {
-        self.states.get(s as usize).copied().unwrap_or(SegState::Free)
+        self.states
+            .get(s as usize)
+            .copied()
+            .unwrap_or(SegState::Free)
     }
 
     pub fn set(&mut self, s: SegmentId, state: SegState) {
@@ -64,13 +67,10 @@ impl SegmentTable {
 
     /// Lowest free segment (keeps the file compact), if the cap allows.
     pub fn pick_free(&self) -> Option<SegmentId> {
-        self.free
-            .first()
-            .copied()
-            .or_else(|| {
-                let next = self.states.len() as u32;
-                (next < self.max_segments).then_some(next)
-            })
+        self.free.first().copied().or_else(|| {
+            let next = self.states.len() as u32;
+            (next < self.max_segments).then_some(next)
+        })
     }
 
     /// Segments in use (not free).
@@ -80,7 +80,8 @@ impl SegmentTable {
 
     /// Free segments available, counting the untouched tail up to the cap.
     pub fn available(&self) -> u64 {
-        self.free.len() as u64 + u64::from(self.max_segments.saturating_sub(self.states.len() as u32))
+        self.free.len() as u64
+            + u64::from(self.max_segments.saturating_sub(self.states.len() as u32))
     }
 
     pub fn len(&self) -> u32 {

@@ -110,10 +110,12 @@ impl MapState {
     pub fn replace(&mut self, lba: u64, new: MapEntry, seg_size: u64) -> MapEntry {
         let old = self.map.set(lba, new);
         if old.is_mapped() {
-            self.usage.remove(segment_of(old.record_offset(), seg_size), old);
+            self.usage
+                .remove(segment_of(old.record_offset(), seg_size), old);
         }
         if new.is_mapped() {
-            self.usage.add(segment_of(new.record_offset(), seg_size), new);
+            self.usage
+                .add(segment_of(new.record_offset(), seg_size), new);
         }
         old
     }
@@ -210,7 +212,7 @@ impl Volume {
         opts: &CreateOptions,
         open: OpenOptions,
     ) -> Result<Volume> {
-        if opts.logical_size == 0 || opts.logical_size % SECTOR != 0 {
+        if opts.logical_size == 0 || !opts.logical_size.is_multiple_of(SECTOR) {
             return Err(EngineError::Invalid(format!(
                 "size {} must be a positive multiple of {SECTOR}",
                 opts.logical_size
@@ -237,7 +239,8 @@ impl Volume {
             clean: false,
             checkpoint: CheckpointRef::default(),
         };
-        sb.validate().map_err(|e| EngineError::Invalid(e.to_string()))?;
+        sb.validate()
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
         if !storage.is_empty()? {
             return Err(EngineError::Invalid(
                 "the backing store is not empty; refusing to overwrite it".into(),
@@ -413,7 +416,7 @@ impl Volume {
         }
         let first = offset / SECTOR;
         let last = (offset + buf.len() as u64).div_ceil(SECTOR);
-        if offset % SECTOR == 0 && buf.len() % SECTOR_SIZE == 0 {
+        if offset.is_multiple_of(SECTOR) && buf.len().is_multiple_of(SECTOR_SIZE) {
             self.read_sectors(first, buf)?;
         } else {
             let mut tmp = vec![0u8; ((last - first) * SECTOR) as usize];
@@ -479,13 +482,13 @@ impl Volume {
         let first = offset / SECTOR;
         let last = (offset + data.len() as u64).div_ceil(SECTOR);
         let _range = self.inner.ranges.lock(first, last);
-        if offset % SECTOR == 0 && data.len() % SECTOR_SIZE == 0 {
+        if offset.is_multiple_of(SECTOR) && data.len().is_multiple_of(SECTOR_SIZE) {
             self.write_sectors(first, data, hint)?;
         } else {
             // Read-modify-write of the partial head and tail sectors.
             let mut tmp = vec![0u8; ((last - first) * SECTOR) as usize];
-            let head_partial = offset % SECTOR != 0;
-            let tail_partial = (offset + data.len() as u64) % SECTOR != 0;
+            let head_partial = !offset.is_multiple_of(SECTOR);
+            let tail_partial = !(offset + data.len() as u64).is_multiple_of(SECTOR);
             self.read_sectors(first, &mut tmp[..SECTOR_SIZE])?;
             if last - first > 1 && tail_partial {
                 let t = tmp.len() - SECTOR_SIZE;
@@ -509,7 +512,8 @@ impl Volume {
     fn write_sectors(&self, lba: u64, data: &[u8], hint: Hint) -> Result<()> {
         let policy = *self.inner.policy.read();
         let max_blob = policy.max_blob_sectors();
-        let batch = BATCH_BYTES_MAX / policy.policy.max_blob as usize * policy.policy.max_blob as usize;
+        let batch =
+            BATCH_BYTES_MAX / policy.policy.max_blob as usize * policy.policy.max_blob as usize;
         for (k, chunk) in data.chunks(batch).enumerate() {
             let at = lba + (k * batch / SECTOR_SIZE) as u64;
             let pieces = split(chunk, at, max_blob);
@@ -712,7 +716,7 @@ impl Volume {
             };
             next = next.min(end);
             match runs.last_mut() {
-                Some((l, h)) if *h == !mapped => *l += next - at,
+                Some((l, h)) if *h != mapped => *l += next - at,
                 _ => runs.push((next - at, !mapped)),
             }
             at = next;
@@ -741,7 +745,10 @@ impl Volume {
         let mapped_bytes = mapped * SECTOR;
         let mut per_alg = std::collections::BTreeMap::new();
         for codec in CodecId::ALL {
-            per_alg.insert(codec.name().to_string(), c.get(Counters::codec_bytes(codec)));
+            per_alg.insert(
+                codec.name().to_string(),
+                c.get(Counters::codec_bytes(codec)),
+            );
         }
         let client = c.get(Counter::ClientBytesCompressed);
         VolumeStats {
@@ -820,7 +827,10 @@ impl Volume {
         }
         for (s, got) in st.usage.iter() {
             if got != u.get(s) {
-                return Err(format!("segment {s}: usage {got:?}, map implies {:?}", u.get(s)));
+                return Err(format!(
+                    "segment {s}: usage {got:?}, map implies {:?}",
+                    u.get(s)
+                ));
             }
         }
         if u.live_bytes != st.usage.live_bytes {
@@ -957,9 +967,10 @@ pub(crate) fn read_extent(inner: &Inner, e: MapEntry, lba: u64, out: &mut [u8]) 
                 r
             })
         };
-        inner
-            .counters
-            .add(Counter::DecompressNs, crate::cpu_time_ns().saturating_sub(t0));
+        inner.counters.add(
+            Counter::DecompressNs,
+            crate::cpu_time_ns().saturating_sub(t0),
+        );
         res.map_err(|source| {
             inner.counters.add(Counter::ChecksumErrors, 1);
             EngineError::Codec { lba, source }

@@ -56,7 +56,10 @@ fn unknown_format_version() {
         s.write_at(&b, slot * 4096).unwrap();
     }
     let e = open(&s).err().expect("version");
-    assert!(e.to_string().contains("unsupported format version 7"), "{e}");
+    assert!(
+        e.to_string().contains("unsupported format version 7"),
+        "{e}"
+    );
 }
 
 /// Finds the record of `lba` by scanning the store for its header.
@@ -89,7 +92,7 @@ fn flipped_bits_fail_only_the_affected_reads_and_check_names_them() {
     s.flip_bit(off + 64 + 100, 3);
     let v = open(&s).unwrap();
     let mut b = vec![0u8; SECTOR_SIZE];
-    let e = v.read(32 * 4096, &mut b).err().expect("checksum error");
+    let e = v.read(32 * 4096, &mut b).expect_err("checksum error");
     assert!(matches!(e, EngineError::Corrupt { lba: 32, .. }), "{e}");
     assert_eq!(e.errno(), libc::EIO);
     // Neighbours are served.
@@ -122,7 +125,7 @@ fn unknown_codec_id_in_a_record_is_an_error_not_data() {
     s.write_at(&h, off).unwrap();
     let v = open(&s).unwrap();
     let mut b = vec![0u8; 4096];
-    let e = v.read(16 * 4096, &mut b).err().expect("unknown codec");
+    let e = v.read(16 * 4096, &mut b).expect_err("unknown codec");
     assert!(e.to_string().contains("unknown codec id 42"), "{e}");
     let rep = check(&v, |_, _| {});
     assert_eq!(rep.damaged.len(), 1);
@@ -147,7 +150,10 @@ fn corrupt_checkpoint_is_reported() {
     let off = cur.segment_offset(cur.checkpoint.segments[0]);
     s.flip_bit(off + 40, 0);
     let e = open(&s).err().expect("corrupt checkpoint");
-    assert!(e.to_string().contains("checkpoint checksum mismatch"), "{e}");
+    assert!(
+        e.to_string().contains("checkpoint checksum mismatch"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -231,11 +237,14 @@ fn failed_sync_turns_the_volume_read_only() {
         ..Default::default()
     });
     v.write(8192, &[6u8; 8192], false).unwrap();
-    let e = v.flush().err().expect("sync fails");
+    let e = v.flush().expect_err("sync fails");
     assert!(e.to_string().contains("injected EIO"), "{e}");
     // It never pretends success afterwards.
     assert!(matches!(v.flush(), Err(EngineError::ReadOnly(_))));
-    assert!(matches!(v.write(0, &[1], false), Err(EngineError::ReadOnly(_))));
+    assert!(matches!(
+        v.write(0, &[1], false),
+        Err(EngineError::ReadOnly(_))
+    ));
     let mut b = vec![0u8; 8192];
     v.read(0, &mut b).unwrap();
     assert_eq!(b, vec![5u8; 8192]);
@@ -258,5 +267,8 @@ fn write_eio_turns_the_volume_read_only() {
     let mut r = rng(2);
     let d: Vec<u8> = (0..65536).map(|_| r.gen()).collect();
     assert!(v.write(0, &d, false).is_err());
-    assert!(matches!(v.write(0, &d, false), Err(EngineError::ReadOnly(_))));
+    assert!(matches!(
+        v.write(0, &d, false),
+        Err(EngineError::ReadOnly(_))
+    ));
 }

@@ -78,8 +78,7 @@ impl Model {
             .unwrap_or_else(|e| panic!("seed {seed} step {step}: read after crash: {e}"));
         for s in 0..SECTORS {
             let got = h(&all[s * SECTOR_SIZE..(s + 1) * SECTOR_SIZE]);
-            let ok = got == self.durable[s]
-                || self.cands.get(&s).is_some_and(|c| c.contains(&got));
+            let ok = got == self.durable[s] || self.cands.get(&s).is_some_and(|c| c.contains(&got));
             assert!(
                 ok,
                 "seed {seed} step {step}: sector {s} holds bytes never written to it \
@@ -117,15 +116,12 @@ fn crash_and_recover(
             crash_at_write: Some(r.gen_range(1..6)),
             ..Default::default()
         });
-        match open(&img) {
-            Ok(v) => {
-                if !img.is_dead() {
-                    img.set_faults(SimFaults::default());
-                    return (img, v);
-                }
-                drop(v);
+        if let Ok(v) = open(&img) {
+            if !img.is_dead() {
+                img.set_faults(SimFaults::default());
+                return (img, v);
             }
-            Err(_) => {}
+            drop(v);
         }
         img = Arc::new(img.crash(r));
     }

@@ -53,7 +53,11 @@ fn every_codec_and_mode() {
             let compressing = codec != CodecId::None && mode != CompressionMode::None;
             assert_eq!(st.blobs_compressed > 0, compressing, "{codec:?} {mode:?}");
             if compressing {
-                assert!(st.compression_ratio > 2.0, "{codec:?} {mode:?}: {}", st.compression_ratio);
+                assert!(
+                    st.compression_ratio > 2.0,
+                    "{codec:?} {mode:?}: {}",
+                    st.compression_ratio
+                );
             }
             v.close().unwrap();
             let v = reopen(&s);
@@ -81,13 +85,19 @@ fn zeros_take_no_space_and_trim_unmaps() {
     v.read(MIB, &mut back).unwrap();
     assert_eq!(&back[..100], &d[..100]);
     assert!(back[100..4 * MIB as usize + 100].iter().all(|&b| b == 0));
-    assert_eq!(&back[4 * MIB as usize + 100..], &d[4 * MIB as usize + 100..]);
+    assert_eq!(
+        &back[4 * MIB as usize + 100..],
+        &d[4 * MIB as usize + 100..]
+    );
     let runs = v.block_status(0, 64 * MIB, 100).unwrap();
     assert!(runs.iter().any(|r| r.1), "holes reported: {runs:?}");
     assert_eq!(runs.iter().map(|r| r.0).sum::<u64>(), 64 * MIB);
     v.write_zeroes(0, 64 * MIB, true).unwrap();
     assert_eq!(v.stats().mapped_bytes, 0);
-    assert_eq!(v.block_status(0, 64 * MIB, 100).unwrap(), vec![(64 * MIB, true)]);
+    assert_eq!(
+        v.block_status(0, 64 * MIB, 100).unwrap(),
+        vec![(64 * MIB, true)]
+    );
     v.verify_accounting().unwrap();
 }
 
@@ -170,7 +180,10 @@ fn file_backed_volume_and_physical_bytes() {
     let d = data(&mut r, 2, 8 << 20);
     v.write(0, &d, true).unwrap();
     let st = v.stats();
-    assert!(st.physical_bytes > 0 && st.physical_bytes < 8 << 20, "{st:?}");
+    assert!(
+        st.physical_bytes > 0 && st.physical_bytes < 8 << 20,
+        "{st:?}"
+    );
     v.close().unwrap();
     let s = Arc::new(FileStorage::open(&path).unwrap());
     let v = Volume::open(s, OpenOptions::default()).unwrap();

@@ -22,7 +22,9 @@ impl MapEntry {
     /// Packs a mapping. `record_offset` and `record_len` are multiples of 16.
     pub fn new(record_offset: u64, index: u32, sectors: u32, record_len: u64) -> MapEntry {
         assert!(record_offset > 0 && record_offset < MAX_BACKING_BYTES);
-        assert!(record_offset.is_multiple_of(RECORD_ALIGN) && record_len.is_multiple_of(RECORD_ALIGN));
+        assert!(
+            record_offset.is_multiple_of(RECORD_ALIGN) && record_len.is_multiple_of(RECORD_ALIGN)
+        );
         assert!((1..=MAX_BLOB_SECTORS).contains(&sectors) && index < sectors);
         let len16 = record_len / RECORD_ALIGN;
         assert!(len16 > 0 && len16 < (1 << 14));

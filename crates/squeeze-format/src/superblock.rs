@@ -120,7 +120,10 @@ impl Policy {
                 self.min_blob
             ));
         }
-        if !self.max_blob.is_multiple_of(sector) || self.max_blob < self.min_blob || self.max_blob > max {
+        if !self.max_blob.is_multiple_of(sector)
+            || self.max_blob < self.min_blob
+            || self.max_blob > max
+        {
             return bad(format!(
                 "max_blob {} must be a multiple of {sector} between min_blob ({}) and {max}",
                 self.max_blob, self.min_blob

@@ -99,7 +99,9 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered> {
                 return Err(bad_entry(format!("map entry {:#x} out of bounds", e.0)));
             }
         }
-        if (index + 1) * squeeze_format::CHUNK_ENTRIES as u64 > sb.sectors() + squeeze_format::CHUNK_ENTRIES as u64 {
+        if (index + 1) * squeeze_format::CHUNK_ENTRIES as u64
+            > sb.sectors() + squeeze_format::CHUNK_ENTRIES as u64
+        {
             return Err(bad_entry(format!("map chunk {index} beyond the volume")));
         }
         state.map.load_chunk(index, entries);
@@ -216,9 +218,7 @@ fn read_record(
     if h.uuid != sb.uuid || h.seq != expected || pos + h.record_len() > seg_end {
         return None;
     }
-    if h.kind == RecordKind::SegmentHeader
-        && (pos - DATA_START) % seg_size != 0
-    {
+    if h.kind == RecordKind::SegmentHeader && !(pos - DATA_START).is_multiple_of(seg_size) {
         return None;
     }
     if h.stored_len > 0 {
@@ -226,8 +226,10 @@ fn read_record(
         storage.read_at(buf, pos + RECORD_HEADER_SIZE as u64).ok()?;
         verify_payload(&h, buf).ok()?;
     }
-    if matches!(h.kind, RecordKind::Extent | RecordKind::Relocate | RecordKind::Zero)
-        && h.lba + u64::from(h.sectors) > sb.sectors()
+    if matches!(
+        h.kind,
+        RecordKind::Extent | RecordKind::Relocate | RecordKind::Zero
+    ) && h.lba + u64::from(h.sectors) > sb.sectors()
     {
         return None;
     }

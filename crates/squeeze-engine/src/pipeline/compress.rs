@@ -24,8 +24,13 @@ pub enum Outcome {
 #[derive(Debug)]
 pub enum Payload {
     /// Bytes `start..start+len` of the input buffer, uncompressed.
-    Raw { start: usize },
-    Compressed { codec: CodecId, data: Vec<u8> },
+    Raw {
+        start: usize,
+    },
+    Compressed {
+        codec: CodecId,
+        data: Vec<u8>,
+    },
 }
 
 /// One piece of the write, ready to append.
@@ -79,7 +84,11 @@ pub fn encode(
     for p in pieces {
         match *p {
             Piece::Zero { lba, sectors } => items.push(Item::Zero { lba, sectors }),
-            Piece::Data { lba, sectors, start } => {
+            Piece::Data {
+                lba,
+                sectors,
+                start,
+            } => {
                 let len = sectors as usize * SECTOR_SIZE;
                 let pl = plan(policy, hint, len);
                 if let Plan::Compress { heuristic } = pl {

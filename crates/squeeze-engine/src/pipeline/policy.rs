@@ -104,11 +104,26 @@ mod tests {
     fn modes_follow_bluestore() {
         use CompressionMode::*;
         assert_eq!(plan(&pol(None), Hint::Compressible, 65536), Plan::Raw);
-        assert_eq!(plan(&pol(Force), Hint::Incompressible, 65536), Plan::Compress { heuristic: false });
-        assert_eq!(plan(&pol(Aggressive), Hint::Incompressible, 65536), Plan::Raw);
-        assert_eq!(plan(&pol(Aggressive), Hint::None, 65536), Plan::Compress { heuristic: true });
-        assert_eq!(plan(&pol(Passive), Hint::Compressible, 65536), Plan::Compress { heuristic: false });
-        assert_eq!(plan(&pol(Passive), Hint::None, 65536), Plan::Compress { heuristic: true });
+        assert_eq!(
+            plan(&pol(Force), Hint::Incompressible, 65536),
+            Plan::Compress { heuristic: false }
+        );
+        assert_eq!(
+            plan(&pol(Aggressive), Hint::Incompressible, 65536),
+            Plan::Raw
+        );
+        assert_eq!(
+            plan(&pol(Aggressive), Hint::None, 65536),
+            Plan::Compress { heuristic: true }
+        );
+        assert_eq!(
+            plan(&pol(Passive), Hint::Compressible, 65536),
+            Plan::Compress { heuristic: false }
+        );
+        assert_eq!(
+            plan(&pol(Passive), Hint::None, 65536),
+            Plan::Compress { heuristic: true }
+        );
         // below min_blob: never compressed
         assert_eq!(plan(&pol(Force), Hint::None, 4096), Plan::Raw);
     }

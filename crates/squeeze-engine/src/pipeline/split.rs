@@ -9,7 +9,11 @@ pub enum Piece {
     /// `sectors` all-zero sectors from `lba`.
     Zero { lba: u64, sectors: u64 },
     /// A blob of `sectors` sectors from `lba`, at byte `start` of the buffer.
-    Data { lba: u64, sectors: u32, start: usize },
+    Data {
+        lba: u64,
+        sectors: u32,
+        start: usize,
+    },
 }
 
 /// True when `data` holds only zero bytes (word-at-a-time, vectorised).
@@ -19,7 +23,7 @@ pub fn is_zero(data: &[u8]) -> bool {
 
 /// Splits `buf` (whole sectors starting at `lba`).
 pub fn split(buf: &[u8], lba: u64, max_blob_sectors: u32) -> Vec<Piece> {
-    assert!(buf.len() % SECTOR_SIZE == 0 && max_blob_sectors >= 1);
+    assert!(buf.len().is_multiple_of(SECTOR_SIZE) && max_blob_sectors >= 1);
     let n = buf.len() / SECTOR_SIZE;
     let mut pieces = Vec::new();
     let mut i = 0;
@@ -83,11 +87,29 @@ mod tests {
         assert_eq!(
             p,
             vec![
-                Piece::Zero { lba: 100, sectors: 2 },
-                Piece::Data { lba: 102, sectors: 3, start: 2 * SECTOR_SIZE },
-                Piece::Data { lba: 105, sectors: 2, start: 5 * SECTOR_SIZE },
-                Piece::Zero { lba: 107, sectors: 2 },
-                Piece::Data { lba: 109, sectors: 1, start: 9 * SECTOR_SIZE },
+                Piece::Zero {
+                    lba: 100,
+                    sectors: 2
+                },
+                Piece::Data {
+                    lba: 102,
+                    sectors: 3,
+                    start: 2 * SECTOR_SIZE
+                },
+                Piece::Data {
+                    lba: 105,
+                    sectors: 2,
+                    start: 5 * SECTOR_SIZE
+                },
+                Piece::Zero {
+                    lba: 107,
+                    sectors: 2
+                },
+                Piece::Data {
+                    lba: 109,
+                    sectors: 1,
+                    start: 9 * SECTOR_SIZE
+                },
             ]
         );
         assert!(is_zero(&[0; 100]));

@@ -37,7 +37,13 @@ pub fn data(rng: &mut impl Rng, kind: u32, len: usize) -> Vec<u8> {
         0 => vec![0; len],
         1 => (0..len).map(|_| rng.gen()).collect(),
         2 => {
-            let words = [&b"squeeze "[..], b"block ", b"store ", b"compress ", b"the "];
+            let words = [
+                &b"squeeze "[..],
+                b"block ",
+                b"store ",
+                b"compress ",
+                b"the ",
+            ];
             let mut v = Vec::with_capacity(len);
             while v.len() < len {
                 v.extend_from_slice(words[rng.gen_range(0..words.len())]);
