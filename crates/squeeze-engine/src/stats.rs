@@ -117,6 +117,12 @@ pub struct VolumeStats {
     pub segments_total: u64,
     pub segments_free: u64,
     pub segments_reclaimed: u64,
+    /// Record bytes the cleaner relocated.
+    pub cleaner_bytes_moved: u64,
+    /// Blobs the cleaner recompressed with the recompress algorithm.
+    pub recompressed_blobs: u64,
+    /// Dead bytes in sealed log segments (what cleaning can reclaim).
+    pub garbage_bytes: u64,
     pub segment_size: u64,
     pub map_memory_bytes: u64,
     pub map_bytes_per_mapped_sector: f64,

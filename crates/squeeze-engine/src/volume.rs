@@ -24,6 +24,7 @@ use crate::meta::{checkpoint, recovery, superblock as sbio};
 use crate::pipeline::compress::{encode, Item, Outcome};
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::split;
+use crate::space::cleaner::CleanReport;
 use crate::space::{SegState, SegmentId, SegmentTable, Usage};
 use crate::stats::{Counter, Counters, VolumeStats};
 use crate::storage::Storage;
@@ -143,7 +144,10 @@ impl MapState {
                 for i in 0..h.sectors {
                     let lba = h.lba + u64::from(i);
                     let cur = self.map.get(lba);
-                    if cur.is_mapped() && cur.record_offset() == h.aux && cur.index() == i {
+                    // The old record's offset identifies it; a sector's
+                    // index in it is fixed by its LBA, so the offset is
+                    // all a relocation has to match.
+                    if cur.is_mapped() && cur.record_offset() == h.aux {
                         let e = MapEntry::new(offset, i, h.sectors, h.record_len());
                         self.replace(lba, e, seg_size);
                     }
@@ -178,6 +182,8 @@ pub(crate) struct Inner {
     pub gate: RwLock<()>,
     pub sync_lock: Mutex<u64>,
     pub ckpt_lock: Mutex<()>,
+    /// One cleaner at a time (background, foreground or compact).
+    pub cleaner_lock: Mutex<()>,
     pub counters: Counters,
     pub poisoned: Mutex<Option<String>>,
     pub read_only: bool,
@@ -189,6 +195,30 @@ pub struct Volume {
     pub(crate) inner: Arc<Inner>,
     maintenance: Option<std::thread::JoinHandle<()>>,
     closed: bool,
+}
+
+/// Whose log append this is: client data must leave room for what frees
+/// space (trims, the cleaner's relocations and checkpoints).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Room {
+    /// Client data: keeps CLEANER_RESERVE_SEGMENTS free beyond a checkpoint's needs.
+    Data,
+    /// Trims and write-zeroes: may use the cleaner's reserve.
+    Reserve,
+    /// The cleaner's relocations.
+    Cleaner,
+}
+
+/// Segments client data leaves free for the cleaner and for trims.
+pub const CLEANER_RESERVE_SEGMENTS: u64 = 2;
+
+impl Room {
+    fn extra_segments(self) -> u64 {
+        match self {
+            Room::Data => 1 + CLEANER_RESERVE_SEGMENTS,
+            Room::Reserve | Room::Cleaner => 1,
+        }
+    }
 }
 
 /// One slot of a log reservation.
@@ -328,6 +358,7 @@ impl Volume {
             gate: RwLock::new(()),
             sync_lock: Mutex::new(0),
             ckpt_lock: Mutex::new(()),
+            cleaner_lock: Mutex::new(()),
             counters: Counters::default(),
             poisoned: Mutex::new(None),
             read_only: open.read_only,
@@ -529,7 +560,7 @@ impl Volume {
                 .add(Counter::ZeroSectorsWritten, zero_sectors);
             let (items, cpu_ns) = encode(&*self.inner.engine, &policy, hint, chunk, &pieces);
             self.inner.counters.add(Counter::CompressNs, cpu_ns);
-            self.append(&items, chunk)?;
+            self.append(&items, chunk, Room::Data)?;
         }
         Ok(())
     }
@@ -572,7 +603,7 @@ impl Volume {
                 items.push(Item::Zero { lba, sectors: n });
                 lba += n;
             }
-            self.append(&items, &[])?;
+            self.append(&items, &[], Room::Reserve)?;
             self.inner
                 .counters
                 .add(Counter::SectorsTrimmed, last_full - first_full);
@@ -583,100 +614,8 @@ impl Volume {
         Ok(())
     }
 
-    /// Appends encoded items to the log and installs them in the map.
-    fn append(&self, items: &[Item], buf: &[u8]) -> Result<()> {
-        let inner = &*self.inner;
-        let lens: Vec<u64> = items
-            .iter()
-            .map(|it| crate::pipeline::policy::occupied(it.payload(buf).1.len()))
-            .collect();
-        let (placements, ticket) = match inner.reserve(&lens) {
-            Err(EngineError::NoSpace(_)) if inner.reclaimable() => {
-                // Dead segments wait for a checkpoint to be freed: write one.
-                checkpoint::write(inner, false)?;
-                inner.reserve(&lens)?
-            }
-            r => r?,
-        };
-        let result = self.write_placements(items, buf, &placements);
-        if let Err(e) = result {
-            inner.poison(&e);
-            inner.tickets.complete(ticket);
-            return Err(e);
-        }
-        {
-            let mut st = inner.state.write();
-            for p in placements.iter() {
-                let Some(i) = p.item else { continue };
-                let h = item_header(&inner.uuid, &items[i], buf, p.seq);
-                st.apply(&h, p.offset, inner.seg_size);
-            }
-        }
-        inner.tickets.complete(ticket);
-        let c = &inner.counters;
-        for (it, len) in items.iter().zip(&lens) {
-            match it {
-                Item::Zero { .. } => {}
-                Item::Blob {
-                    sectors, outcome, ..
-                } => {
-                    let raw = u64::from(*sectors) * SECTOR;
-                    let (codec, payload) = it.payload(buf);
-                    c.add(Counters::codec_bytes(codec), raw);
-                    c.add(Counter::ClientBytesCompressed, *len);
-                    match outcome {
-                        Outcome::Compressed => {
-                            c.add(Counter::BlobsCompressed, 1);
-                            c.add(Counter::RawIn, raw);
-                            c.add(Counter::StoredOut, payload.len() as u64);
-                        }
-                        Outcome::Rejected => c.add(Counter::BlobsRejected, 1),
-                        Outcome::Skipped | Outcome::NotTried => c.add(Counter::BlobsSkipped, 1),
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Encodes the records of a reservation and writes each contiguous run
-    /// with one positional write.
-    fn write_placements(&self, items: &[Item], buf: &[u8], placements: &[Placement]) -> Result<()> {
-        let inner = &*self.inner;
-        let mut run: Vec<u8> = Vec::new();
-        let mut run_start = 0u64;
-        let mut total = 0u64;
-        for p in placements {
-            if !run.is_empty() && run_start + run.len() as u64 != p.offset {
-                inner.storage.write_at(&run, run_start)?;
-                total += run.len() as u64;
-                run.clear();
-            }
-            if run.is_empty() {
-                run_start = p.offset;
-            }
-            let at = run.len();
-            match p.item {
-                None => {
-                    run.resize(at + RECORD_HEADER_SIZE, 0);
-                    segment_header(&inner.uuid, p.seq, p.segment).encode(&mut run[at..]);
-                }
-                Some(i) => {
-                    let h = item_header(&inner.uuid, &items[i], buf, p.seq);
-                    let (_, payload) = items[i].payload(buf);
-                    run.resize(at + h.record_len() as usize, 0);
-                    h.encode(&mut run[at..]);
-                    run[at + RECORD_HEADER_SIZE..at + RECORD_HEADER_SIZE + payload.len()]
-                        .copy_from_slice(payload);
-                }
-            }
-        }
-        if !run.is_empty() {
-            inner.storage.write_at(&run, run_start)?;
-            total += run.len() as u64;
-        }
-        inner.counters.add(Counter::LogBytes, total);
-        Ok(())
+    fn append(&self, items: &[Item], buf: &[u8], room: Room) -> Result<()> {
+        self.inner.append(items, buf, room)
     }
 
     /// Makes every write acknowledged before this call durable.
@@ -685,6 +624,20 @@ impl Volume {
             return Ok(());
         }
         self.inner.flush()
+    }
+
+    /// Runs one bounded cleaner pass (at most one victim segment) if there
+    /// is garbage worth collecting.
+    pub fn clean_pass(&self) -> Result<Option<CleanReport>> {
+        self.writable()?;
+        crate::space::cleaner::background_pass(&self.inner)
+    }
+
+    /// Cleans every segment that holds dead bytes, then checkpoints so the
+    /// victims are freed and punched out. `progress(done, total)` victims.
+    pub fn compact(&self, progress: impl FnMut(u64, u64)) -> Result<CleanReport> {
+        self.writable()?;
+        crate::space::cleaner::compact(&self.inner, progress)
     }
 
     /// Writes a checkpoint now (frees segments whose data is all dead).
@@ -782,6 +735,9 @@ impl Volume {
             segments_total,
             segments_free,
             segments_reclaimed: c.get(Counter::SegmentsReclaimed),
+            cleaner_bytes_moved: c.get(Counter::CleanerBytesMoved),
+            recompressed_blobs: c.get(Counter::RecompressedBlobs),
+            garbage_bytes: crate::space::cleaner::garbage(inner).0,
             segment_size: inner.seg_size,
             map_memory_bytes: map_mem,
             map_bytes_per_mapped_sector: if mapped == 0 {
@@ -896,6 +852,22 @@ fn item_header(uuid: &[u8; 16], item: &Item, buf: &[u8], seq: u64) -> RecordHead
             aux: 0,
             payload_crc: 0,
         },
+        Item::Moved {
+            lba, sectors, from, ..
+        } => {
+            let (codec, payload) = item.payload(buf);
+            RecordHeader {
+                kind: RecordKind::Relocate,
+                codec,
+                seq,
+                uuid: *uuid,
+                lba: *lba,
+                sectors: *sectors,
+                stored_len: payload.len() as u32,
+                aux: *from,
+                payload_crc: checksum::crc32c(payload),
+            }
+        }
         Item::Blob { lba, sectors, .. } => {
             let (codec, payload) = item.payload(buf);
             RecordHeader {
@@ -979,6 +951,108 @@ pub(crate) fn read_extent(inner: &Inner, e: MapEntry, lba: u64, out: &mut [u8]) 
 }
 
 impl Inner {
+    /// Appends encoded items to the log and installs them in the map.
+    pub(crate) fn append(&self, items: &[Item], buf: &[u8], room: Room) -> Result<()> {
+        let inner = self;
+        let lens: Vec<u64> = items
+            .iter()
+            .map(|it| crate::pipeline::policy::occupied(it.payload(buf).1.len()))
+            .collect();
+        let (placements, ticket) = match inner.reserve(&lens, room) {
+            Err(EngineError::NoSpace(_)) if room != Room::Cleaner => {
+                // Make room before answering ENOSPC: clean (relocate live
+                // data out of mostly-dead segments), then checkpoint so dead
+                // segments are freed.
+                crate::space::cleaner::make_room(inner)?;
+                inner.reserve(&lens, room)?
+            }
+            r => r?,
+        };
+        let result = self.write_placements(items, buf, &placements);
+        if let Err(e) = result {
+            inner.poison(&e);
+            inner.tickets.complete(ticket);
+            return Err(e);
+        }
+        {
+            let mut st = inner.state.write();
+            for p in placements.iter() {
+                let Some(i) = p.item else { continue };
+                let h = item_header(&inner.uuid, &items[i], buf, p.seq);
+                st.apply(&h, p.offset, inner.seg_size);
+            }
+        }
+        inner.tickets.complete(ticket);
+        let c = &inner.counters;
+        for (it, len) in items.iter().zip(&lens) {
+            match it {
+                Item::Zero { .. } => {}
+                Item::Moved { recompressed, .. } => {
+                    c.add(Counter::CleanerBytesMoved, *len);
+                    c.add(Counter::RecompressedBlobs, u64::from(*recompressed));
+                }
+                Item::Blob {
+                    sectors, outcome, ..
+                } => {
+                    let raw = u64::from(*sectors) * SECTOR;
+                    let (codec, payload) = it.payload(buf);
+                    c.add(Counters::codec_bytes(codec), raw);
+                    c.add(Counter::ClientBytesCompressed, *len);
+                    match outcome {
+                        Outcome::Compressed => {
+                            c.add(Counter::BlobsCompressed, 1);
+                            c.add(Counter::RawIn, raw);
+                            c.add(Counter::StoredOut, payload.len() as u64);
+                        }
+                        Outcome::Rejected => c.add(Counter::BlobsRejected, 1),
+                        Outcome::Skipped | Outcome::NotTried => c.add(Counter::BlobsSkipped, 1),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes the records of a reservation and writes each contiguous run
+    /// with one positional write.
+    fn write_placements(&self, items: &[Item], buf: &[u8], placements: &[Placement]) -> Result<()> {
+        let inner = self;
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_start = 0u64;
+        let mut total = 0u64;
+        for p in placements {
+            if !run.is_empty() && run_start + run.len() as u64 != p.offset {
+                inner.storage.write_at(&run, run_start)?;
+                total += run.len() as u64;
+                run.clear();
+            }
+            if run.is_empty() {
+                run_start = p.offset;
+            }
+            let at = run.len();
+            match p.item {
+                None => {
+                    run.resize(at + RECORD_HEADER_SIZE, 0);
+                    segment_header(&inner.uuid, p.seq, p.segment).encode(&mut run[at..]);
+                }
+                Some(i) => {
+                    let h = item_header(&inner.uuid, &items[i], buf, p.seq);
+                    let (_, payload) = items[i].payload(buf);
+                    run.resize(at + h.record_len() as usize, 0);
+                    h.encode(&mut run[at..]);
+                    run[at + RECORD_HEADER_SIZE..at + RECORD_HEADER_SIZE + payload.len()]
+                        .copy_from_slice(payload);
+                }
+            }
+        }
+        if !run.is_empty() {
+            inner.storage.write_at(&run, run_start)?;
+            total += run.len() as u64;
+        }
+        inner.counters.add(Counter::LogBytes, total);
+        Ok(())
+    }
+
     pub(crate) fn poison(&self, e: &EngineError) {
         let mut p = self.poisoned.lock();
         if p.is_none() {
@@ -1034,7 +1108,7 @@ impl Inner {
 
     /// Reserves log space for records of the given lengths: assigns each a
     /// seq and an offset, opening (and allocating) new segments as needed.
-    pub(crate) fn reserve(&self, lens: &[u64]) -> Result<(Vec<Placement>, u64)> {
+    pub(crate) fn reserve(&self, lens: &[u64], room: Room) -> Result<(Vec<Placement>, u64)> {
         let mut log = self.log.lock();
         if let Some(why) = self.poisoned.lock().clone() {
             return Err(EngineError::ReadOnly(why));
@@ -1055,7 +1129,7 @@ impl Inner {
         let mut fresh = Vec::new();
         if new_segments > 0 {
             let extra_chunks = lens.len() as u64 * 2 + 2;
-            let reserve = self.checkpoint_segments_needed(extra_chunks) + 1;
+            let reserve = self.checkpoint_segments_needed(extra_chunks) + room.extra_segments();
             if log.table.available() < new_segments + reserve {
                 return Err(EngineError::NoSpace(format!(
                     "backing store full: {} segments free, {} needed plus {} kept for checkpoints",
@@ -1119,19 +1193,29 @@ impl Inner {
 
 fn maintenance_loop(inner: &Arc<Inner>) {
     let (m, cv) = &inner.stop;
+    let mut pause = Duration::from_millis(500);
     loop {
         {
             let mut stop = m.lock();
             if *stop {
                 return;
             }
-            cv.wait_for(&mut stop, Duration::from_millis(500));
+            cv.wait_for(&mut stop, pause);
             if *stop {
                 return;
             }
         }
+        pause = Duration::from_millis(500);
         if inner.poisoned.lock().is_some() {
             continue;
+        }
+        // Clean one victim; then rest as long as it took, so client I/O
+        // keeps at least half of the time.
+        let t0 = std::time::Instant::now();
+        match crate::space::cleaner::background_pass(inner) {
+            Ok(Some(_)) => pause = t0.elapsed().max(Duration::from_millis(1)),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("cleaner pass failed: {e}"),
         }
         let due = inner.log.lock().bytes_since_checkpoint >= CHECKPOINT_LOG_BYTES;
         if due || inner.reclaimable() {

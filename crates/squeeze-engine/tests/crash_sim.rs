@@ -1,6 +1,6 @@
 //! The durability proof: a seeded simulator runs random operation sequences
 //! (write, unaligned write, FUA write, overwrite, trim, write-zeroes, flush,
-//! checkpoint, clean reopen, crash between operations, crash at a chosen
+//! checkpoint, cleaner pass, compaction, clean reopen, crash between operations, crash at a chosen
 //! I/O inside an operation, crash during recovery) against a model, on a
 //! simulated disk that keeps a random page-granular subset of unsynced
 //! writes at each crash.
@@ -181,7 +181,9 @@ fn run_seed(seed: u64) {
                 }
                 res
             }
-            73..=79 => vol.checkpoint(),
+            73..=75 => vol.checkpoint(),
+            76..=77 => vol.clean_pass().map(|_| ()),
+            78..=79 => vol.compact(|_, _| {}).map(|_| ()),
             80..=84 if !armed => {
                 // Clean close and reopen: everything is durable.
                 vol.close().unwrap();
@@ -220,6 +222,17 @@ fn run_seed(seed: u64) {
             m.verify_after_crash(&vol, seed, step);
         }
     }
+    // After a full clean the log holds little more than the live data.
+    disk.set_faults(SimFaults::default());
+    vol.compact(|_, _| {}).unwrap();
+    let st = vol.stats();
+    let seg = st.segment_size;
+    let in_use = (st.segments_total - st.segments_free) * seg;
+    assert!(
+        in_use as f64 <= st.stored_bytes as f64 * 1.3 + 4.0 * seg as f64,
+        "seed {seed}: {in_use} bytes of segments in use for {} live bytes",
+        st.stored_bytes
+    );
     // Finally: a crash with nothing armed must keep everything flushed.
     vol.flush().unwrap();
     m.flush();

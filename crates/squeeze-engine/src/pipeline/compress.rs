@@ -46,6 +46,15 @@ pub enum Item {
         payload: Payload,
         outcome: Outcome,
     },
+    /// The cleaner's copy of (part of) the extent record at byte `from`.
+    Moved {
+        lba: u64,
+        sectors: u32,
+        codec: CodecId,
+        payload: Vec<u8>,
+        from: u64,
+        recompressed: bool,
+    },
 }
 
 impl Item {
@@ -63,6 +72,7 @@ impl Item {
                 payload: Payload::Compressed { codec, data },
                 ..
             } => (*codec, data),
+            Item::Moved { codec, payload, .. } => (*codec, payload),
             Item::Zero { .. } => (CodecId::None, &[]),
         }
     }

@@ -11,6 +11,8 @@
 //!   it precedes the checkpoint's replay position (so neither the checkpoint
 //!   nor the replay after it can refer to it).
 
+pub mod cleaner;
+
 use squeeze_format::MapEntry;
 use std::collections::BTreeSet;
 

@@ -1,0 +1,394 @@
+//! The cleaner: garbage collection of the segment log.
+//!
+//! Every overwrite or trim leaves dead bytes behind in the segment that held
+//! the old data. The cleaner picks victims by cost-benefit (free space gained
+//! against age and copy cost, as in LFS: `(1 - u) * age / (1 + u)` with `u`
+//! the live fraction), reads the victim once, and re-appends what is still
+//! live as Relocate records at the log head:
+//! - a record whose sectors are all live is copied as it is (no codec time),
+//!   unless a recompress algorithm is set, then it is recompressed with it
+//!   (zram's idea: write fast, recompress cold data that moves anyway);
+//! - a partly live record is decompressed and only its live runs are
+//!   compressed again, so dead sectors inside an extent stop costing space.
+//!
+//! The victim then holds no live sector and the next checkpoint frees it and
+//! punches it out of the file.
+//!
+//! Crash safety: relocations are ordinary log records whose replay applies
+//! only where the map still points at the old record (so a relocation never
+//! undoes a later client write); the victim is freed only by a checkpoint
+//! that no longer needs it. A crash mid-clean loses nothing and at most
+//! leaves the victim for the next pass.
+//!
+//! Priority: the background thread cleans one victim at a time and sleeps
+//! as long as the victim took before the next, so client I/O keeps at
+//! least half of the machine; a write that finds no room cleans in the
+//! foreground before answering ENOSPC.
+
+use crate::error::Result;
+use crate::meta::checkpoint;
+use crate::pipeline::compress::Item;
+use crate::pipeline::policy::output_limit;
+use crate::space::{SegState, SegmentId};
+use crate::volume::{Inner, Room};
+use squeeze_codec::{Algorithm, Job, JobOutput};
+use squeeze_format::{
+    record::verify_payload, CodecId, CompressionMode, RecordHeader, DATA_START, RECORD_HEADER_SIZE,
+    SECTOR_SIZE,
+};
+use std::sync::Arc;
+
+/// Relocated payload bytes per log append (bounds the memory of a pass).
+const APPEND_BYTES_MAX: usize = 4 << 20;
+/// The background cleaner starts when dead bytes exceed this fraction of the
+/// sealed log segments' size ...
+pub const GARBAGE_FRACTION_START: f64 = 0.15;
+/// ... and picks victims whose live fraction is below this.
+pub const VICTIM_LIVE_MAX: f64 = 0.85;
+/// When free room is short, any segment below this live fraction will do.
+pub const VICTIM_LIVE_MAX_TIGHT: f64 = 0.98;
+
+/// What cleaning did.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct CleanReport {
+    pub victims: u64,
+    pub records_moved: u64,
+    pub sectors_moved: u64,
+    /// Record bytes the relocations appended.
+    pub bytes_written: u64,
+    /// Live bytes the victims held before (what was copied, as stored).
+    pub bytes_live_before: u64,
+    pub recompressed: u64,
+    /// Records that failed their checksum and stayed where they are.
+    pub corrupt_records: u64,
+}
+
+impl CleanReport {
+    fn add(&mut self, o: &CleanReport) {
+        self.victims += o.victims;
+        self.records_moved += o.records_moved;
+        self.sectors_moved += o.sectors_moved;
+        self.bytes_written += o.bytes_written;
+        self.bytes_live_before += o.bytes_live_before;
+        self.recompressed += o.recompressed;
+        self.corrupt_records += o.corrupt_records;
+    }
+}
+
+/// Sealed log segments: (id, opened_seq, live bytes, live sectors), with the
+/// log's next seq.
+fn sealed(inner: &Inner) -> (Vec<(SegmentId, u64, u64, u64)>, u64) {
+    let log = inner.log.lock();
+    let head_seq = match log.table.state(log.head_segment) {
+        SegState::Log { opened_seq } => opened_seq,
+        _ => 0,
+    };
+    let st = inner.state.read();
+    let v = log
+        .table
+        .iter()
+        .filter_map(|(s, state)| match state {
+            SegState::Log { opened_seq } if opened_seq < head_seq => {
+                let u = st.usage.get(s);
+                Some((s, opened_seq, u.live_bytes, u.live_sectors))
+            }
+            _ => None,
+        })
+        .collect();
+    (v, log.next_seq)
+}
+
+/// Dead bytes in sealed log segments, and their total size.
+pub(crate) fn garbage(inner: &Inner) -> (u64, u64) {
+    let (segs, _) = sealed(inner);
+    let total = segs.len() as u64 * inner.seg_size;
+    let live: u64 = segs.iter().map(|s| s.2).sum();
+    (total.saturating_sub(live), total)
+}
+
+/// The best victim by cost-benefit among sealed segments opened before
+/// `opened_before`, holding live data below `max_live` of a segment.
+pub(crate) fn pick_victim(
+    inner: &Inner,
+    max_live: f64,
+    opened_before: u64,
+    exclude: &[SegmentId],
+) -> Option<SegmentId> {
+    let (segs, next_seq) = sealed(inner);
+    segs.into_iter()
+        .filter(|&(s, opened, live, sectors)| {
+            sectors > 0
+                && opened < opened_before
+                && (live as f64) < max_live * inner.seg_size as f64
+                && !exclude.contains(&s)
+        })
+        .map(|(s, opened, live, _)| {
+            let u = live as f64 / inner.seg_size as f64;
+            let age = (next_seq - opened) as f64;
+            (s, (1.0 - u) * age / (1.0 + u))
+        })
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(s, _)| s)
+}
+
+/// A live run of a partly live record, waiting to be compressed again.
+struct Run {
+    lba: u64,
+    sectors: u32,
+    from: u64,
+    raw: Arc<Vec<u8>>,
+}
+
+/// Relocates everything still live in segment `s`.
+pub(crate) fn clean_segment(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
+    let mut rep = CleanReport {
+        victims: 1,
+        ..Default::default()
+    };
+    let seg_off = DATA_START + u64::from(s) * inner.seg_size;
+    let mut buf = vec![0u8; inner.seg_size as usize];
+    {
+        let _gate = inner.gate.read();
+        if !matches!(inner.log.lock().table.state(s), SegState::Log { .. }) {
+            return Ok(CleanReport::default());
+        }
+        rep.bytes_live_before = inner.state.read().usage.get(s).live_bytes;
+        inner.storage.read_at(&mut buf, seg_off)?;
+    }
+    let policy = *inner.policy.read();
+    let recompress = (policy.policy.recompress_codec != CodecId::None).then(|| {
+        Algorithm::new(
+            policy.policy.recompress_codec,
+            policy.policy.recompress_level,
+        )
+    });
+    let mut items: Vec<Item> = Vec::new();
+    let mut pending_bytes = 0usize;
+    let mut runs: Vec<Run> = Vec::new();
+    let mut off = 0usize;
+    while off + RECORD_HEADER_SIZE <= buf.len() {
+        let Ok(h) = RecordHeader::decode(&buf[off..off + RECORD_HEADER_SIZE]) else {
+            off += 16; // resynchronise on the record alignment
+            continue;
+        };
+        let len = h.record_len() as usize;
+        if h.uuid != inner.uuid || off + len > buf.len() {
+            off += 16;
+            continue;
+        }
+        if !h.kind.has_payload() {
+            off += len;
+            continue;
+        }
+        let rec_abs = seg_off + off as u64;
+        let live: Vec<bool> = {
+            let st = inner.state.read();
+            (0..u64::from(h.sectors))
+                .map(|i| {
+                    let e = st.map.get(h.lba + i);
+                    e.is_mapped() && e.record_offset() == rec_abs
+                })
+                .collect()
+        };
+        if !live.contains(&true) {
+            off += len;
+            continue;
+        }
+        let payload =
+            &buf[off + RECORD_HEADER_SIZE..off + RECORD_HEADER_SIZE + h.stored_len as usize];
+        if let Err(e) = verify_payload(&h, payload) {
+            tracing::warn!(
+                "cleaner: record at {rec_abs} for LBA {} left in place: {e}",
+                h.lba
+            );
+            rep.corrupt_records += 1;
+            off += len;
+            continue;
+        }
+        let recompress_this = recompress.is_some_and(|a| a.codec != h.codec);
+        if live.iter().all(|&l| l) && !recompress_this {
+            pending_bytes += payload.len();
+            items.push(Item::Moved {
+                lba: h.lba,
+                sectors: h.sectors,
+                codec: h.codec,
+                payload: payload.to_vec(),
+                from: rec_abs,
+                recompressed: false,
+            });
+            rep.sectors_moved += u64::from(h.sectors);
+        } else {
+            let mut raw = vec![0u8; h.raw_len()];
+            if h.codec == CodecId::None {
+                raw.copy_from_slice(payload);
+            } else if let Err(e) = squeeze_codec::decompress(h.codec, payload, &mut raw) {
+                tracing::warn!("cleaner: record at {rec_abs} does not decompress: {e}");
+                rep.corrupt_records += 1;
+                off += len;
+                continue;
+            }
+            let raw = Arc::new(raw);
+            let mut i = 0;
+            while i < live.len() {
+                if !live[i] {
+                    i += 1;
+                    continue;
+                }
+                let mut j = i + 1;
+                while j < live.len() && live[j] {
+                    j += 1;
+                }
+                runs.push(Run {
+                    lba: h.lba + i as u64,
+                    sectors: (j - i) as u32,
+                    from: rec_abs,
+                    raw: if i == 0 && j == live.len() {
+                        raw.clone()
+                    } else {
+                        Arc::new(raw[i * SECTOR_SIZE..j * SECTOR_SIZE].to_vec())
+                    },
+                });
+                rep.sectors_moved += (j - i) as u64;
+                pending_bytes += (j - i) * SECTOR_SIZE;
+                i = j;
+            }
+        }
+        rep.records_moved += 1;
+        off += len;
+        if pending_bytes >= APPEND_BYTES_MAX {
+            flush_items(inner, &mut items, &mut runs, recompress, &policy, &mut rep)?;
+            pending_bytes = 0;
+        }
+    }
+    flush_items(inner, &mut items, &mut runs, recompress, &policy, &mut rep)?;
+    Ok(rep)
+}
+
+/// Compresses the pending runs and appends everything pending.
+fn flush_items(
+    inner: &Inner,
+    items: &mut Vec<Item>,
+    runs: &mut Vec<Run>,
+    recompress: Option<Algorithm>,
+    policy: &crate::pipeline::policy::ActivePolicy,
+    rep: &mut CleanReport,
+) -> Result<()> {
+    if !runs.is_empty() {
+        let alg = recompress.unwrap_or(policy.algorithm);
+        let compress = alg.codec != CodecId::None && policy.policy.mode != CompressionMode::None;
+        let outputs: Vec<Option<Vec<u8>>> = if compress {
+            let jobs = runs
+                .iter()
+                .map(|r| {
+                    let len = r.raw.len();
+                    Job::new(
+                        r.raw.clone(),
+                        0..len,
+                        output_limit(&policy.policy, len),
+                        policy.policy.mode != CompressionMode::Force,
+                    )
+                })
+                .collect();
+            inner
+                .engine
+                .compress_batch(alg, jobs)
+                .into_iter()
+                .map(|r| match r.output {
+                    JobOutput::Compressed(v) => Some(v),
+                    _ => None,
+                })
+                .collect()
+        } else {
+            runs.iter().map(|_| None).collect()
+        };
+        for (r, out) in runs.drain(..).zip(outputs) {
+            let (codec, payload, recompressed) = match out {
+                Some(v) => (alg.codec, v, recompress.is_some()),
+                None => (CodecId::None, Arc::unwrap_or_clone(r.raw), false),
+            };
+            rep.recompressed += u64::from(recompressed);
+            items.push(Item::Moved {
+                lba: r.lba,
+                sectors: r.sectors,
+                codec,
+                payload,
+                from: r.from,
+                recompressed,
+            });
+        }
+    }
+    if items.is_empty() {
+        return Ok(());
+    }
+    rep.bytes_written += items
+        .iter()
+        .map(|it| crate::pipeline::policy::occupied(it.payload(&[]).1.len()))
+        .sum::<u64>();
+    inner.append(items, &[], Room::Cleaner)?;
+    items.clear();
+    Ok(())
+}
+
+/// Cleans until dead segments exist (or no victim is left), then writes a
+/// checkpoint that frees them. Called by a write that found no room.
+pub(crate) fn make_room(inner: &Inner) -> Result<()> {
+    let _one = inner.cleaner_lock.lock();
+    if !inner.reclaimable() {
+        let mut done = Vec::new();
+        for _ in 0..8 {
+            let Some(v) = pick_victim(inner, VICTIM_LIVE_MAX_TIGHT, u64::MAX, &done) else {
+                break;
+            };
+            clean_segment(inner, v)?;
+            done.push(v);
+            if inner.reclaimable() {
+                break;
+            }
+        }
+    }
+    if inner.reclaimable() {
+        checkpoint::write(inner, false)?;
+    }
+    Ok(())
+}
+
+/// One bounded background pass: at most one victim. Returns None when there
+/// is nothing worth cleaning.
+pub(crate) fn background_pass(inner: &Inner) -> Result<Option<CleanReport>> {
+    let _one = inner.cleaner_lock.lock();
+    let (dead, total) = garbage(inner);
+    let tight = {
+        let log = inner.log.lock();
+        log.table.available() < 8
+    };
+    let max_live = if tight {
+        VICTIM_LIVE_MAX_TIGHT
+    } else if total > 0 && dead as f64 > GARBAGE_FRACTION_START * total as f64 {
+        VICTIM_LIVE_MAX
+    } else {
+        return Ok(None);
+    };
+    match pick_victim(inner, max_live, u64::MAX, &[]) {
+        Some(v) => clean_segment(inner, v).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Cleans every segment sealed before the call that holds any dead byte,
+/// then checkpoints so the victims are freed. `progress(done, total)`.
+pub(crate) fn compact(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Result<CleanReport> {
+    let _one = inner.cleaner_lock.lock();
+    let start_seq = inner.log.lock().next_seq;
+    let mut rep = CleanReport::default();
+    let total = sealed(inner).0.len() as u64;
+    // Each victim once: one holding a corrupt record keeps it (and stays).
+    let mut done = Vec::new();
+    while let Some(v) = pick_victim(inner, 1.0 - 1e-9, start_seq, &done) {
+        let r = clean_segment(inner, v)?;
+        rep.add(&r);
+        done.push(v);
+        progress(rep.victims, total);
+    }
+    checkpoint::write(inner, false)?;
+    Ok(rep)
+}
