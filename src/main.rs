@@ -40,6 +40,8 @@ enum Command {
     Check(cmd::check::Args),
     /// Measure the engine in-process against the raw codec on the same data.
     Bench(cmd::bench::Args),
+    /// Run the cleaner to completion offline and report what it reclaimed.
+    Compact(cmd::compact::Args),
     /// Serve volumes over NBD.
     Serve(cmd::serve::Args),
 }
@@ -57,6 +59,7 @@ fn main() -> ExitCode {
         Command::Check(a) => cmd::check::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Compact(a) => cmd::compact::run(a),
     };
     match res {
         Ok(code) => code,

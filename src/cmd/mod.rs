@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod check;
+pub mod compact;
 pub mod create;
 pub mod export;
 pub mod import;
