@@ -44,6 +44,7 @@ enum Command {
     Compact(cmd::compact::Args),
     /// Serve volumes over NBD.
     Serve(cmd::serve::Args),
+    Scan(cmd::scan::Args),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +61,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Compact(a) => cmd::compact::run(a),
+        Command::Scan(a) => cmd::scan::run(a),
     };
     match res {
         Ok(code) => code,

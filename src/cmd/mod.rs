@@ -5,6 +5,7 @@ pub mod bench;
 pub mod check;
 pub mod compact;
 pub mod create;
+pub mod scan;
 pub mod export;
 pub mod import;
 pub mod info;
