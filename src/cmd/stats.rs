@@ -99,11 +99,20 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         human(s.segment_size)
     );
     println!(
+        "cleaner                {} garbage, {} moved, {} blobs recompressed",
+        human(s.garbage_bytes),
+        human(s.cleaner_bytes_moved),
+        s.recompressed_blobs
+    );
+    println!(
         "map memory             {} ({:.2} bytes per mapped sector)",
         human(s.map_memory_bytes),
         s.map_bytes_per_mapped_sector
     );
     println!("checksum errors        {}", s.checksum_errors);
+    if let Some(w) = &s.space_warning {
+        println!("WARNING                {w}");
+    }
     if let Some(r) = &s.read_only_reason {
         println!("READ-ONLY              {r}");
     }

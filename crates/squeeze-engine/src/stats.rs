@@ -96,8 +96,13 @@ pub struct VolumeStats {
     pub physical_bytes: u64,
     /// Segments allocated in the backing file, in bytes.
     pub allocated_bytes: u64,
-    /// Room left under --max-physical (or the format's limit).
+    /// Room client data can still use under --max-physical (or the
+    /// format's limit), net of the segments kept for checkpoints and cleaning.
     pub free_physical_bytes: u64,
+    /// The --max-physical cap (0 = none).
+    pub physical_limit_bytes: u64,
+    /// Set when less than 10% of the physical cap is left (as VDO warns).
+    pub space_warning: Option<String>,
     /// mapped_bytes / stored_bytes.
     pub compression_ratio: f64,
     /// Logical bytes over physical bytes on disk.

@@ -704,6 +704,18 @@ impl Volume {
             );
         }
         let client = c.get(Counter::ClientBytesCompressed);
+        let limit = inner.sb.lock().max_physical;
+        // Room client data can still use: the segments kept for checkpoints,
+        // trims and the cleaner are not theirs.
+        let kept = inner.checkpoint_segments_needed(0) + Room::Data.extra_segments();
+        let free_physical = available.saturating_sub(kept) * inner.seg_size;
+        let space_warning = (limit > 0 && free_physical * 10 < limit).then(|| {
+            format!(
+                "physical space low: {} MiB of the {} MiB cap left; trim or grow --max-physical",
+                free_physical >> 20,
+                limit >> 20
+            )
+        });
         VolumeStats {
             logical_size: inner.logical_size,
             bytes_written: c.get(Counter::BytesWritten),
@@ -714,7 +726,9 @@ impl Volume {
             stored_bytes: stored,
             physical_bytes: physical,
             allocated_bytes: allocated,
-            free_physical_bytes: available * inner.seg_size,
+            free_physical_bytes: free_physical,
+            physical_limit_bytes: limit,
+            space_warning,
             compression_ratio: ratio(mapped_bytes, stored),
             effective_ratio: ratio(mapped_bytes, physical),
             bytes_per_algorithm: per_alg,

@@ -161,7 +161,7 @@ fn max_physical_gives_enospc_and_recovers_after_trim() {
     let s = Arc::new(SimStorage::new());
     let mut o = CreateOptions::new(64 * MIB);
     o.segment_size = 512 << 10;
-    o.max_physical = 6 * MIB;
+    o.max_physical = 8 * MIB;
     let v = Volume::create(s.clone(), &o).unwrap();
     let mut r = rng(8);
     let mut written = 0u64;
@@ -176,6 +176,9 @@ fn max_physical_gives_enospc_and_recovers_after_trim() {
     assert!(matches!(err, EngineError::NoSpace(_)), "{err}");
     assert_eq!(err.errno(), libc::ENOSPC);
     assert!(written >= 3 * MIB, "only {written} bytes fit");
+    let st = v.stats();
+    assert!(st.space_warning.is_some(), "{st:?}");
+    assert_eq!(st.physical_limit_bytes, 8 * MIB);
     // Reads, flushes and trims still work.
     let mut b = vec![0u8; 4096];
     v.read(0, &mut b).unwrap();
