@@ -8,7 +8,7 @@
 //!
 //! - [`Algorithm`]: a codec id from `squeeze_format`'s registry plus a level.
 //! - [`Compressor`] / [`Decompressor`]: per-thread codec contexts
-//!   (lz4_flex, libzstd, snap, libdeflate), see [`codec`].
+//!   (liblz4, libzstd, snap, libdeflate), see [`codec`].
 //! - [`looks_incompressible`]: the btrfs-style sampling heuristic.
 //! - [`CompressEngine`] / [`CpuPool`]: batch compression off the caller's
 //!   thread, with per-job CPU time.
