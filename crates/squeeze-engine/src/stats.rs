@@ -42,9 +42,10 @@ counters! {
     CodecBytesDeflate = 22, "Raw bytes written per codec: deflate.";
     Flushes = 23, "Flushes completed.";
     ClientBytesCompressed = 24, "Stored bytes of client data appended (payload plus header), for write amplification.";
+    CleanerNs = 25, "Wall-clock nanoseconds the cleaner spent cleaning victims.";
 }
 
-pub const COUNTERS: usize = 25;
+pub const COUNTERS: usize = 26;
 
 #[derive(Default)]
 pub struct Counters {
@@ -79,6 +80,7 @@ impl Counters {
 }
 
 const _: () = assert!(COUNTERS <= squeeze_format::checkpoint::MAX_COUNTERS);
+const _: () = assert!(Counter::ALL.len() == COUNTERS);
 
 /// A point-in-time view for `squeeze stats`, JSON and /metrics.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -124,6 +126,8 @@ pub struct VolumeStats {
     pub segments_reclaimed: u64,
     /// Record bytes the cleaner relocated.
     pub cleaner_bytes_moved: u64,
+    /// Seconds the cleaner spent cleaning victims (wall clock).
+    pub cleaner_seconds: f64,
     /// Blobs the cleaner recompressed with the recompress algorithm.
     pub recompressed_blobs: u64,
     /// Dead bytes in sealed log segments (what cleaning can reclaim).

@@ -750,6 +750,7 @@ impl Volume {
             segments_free,
             segments_reclaimed: c.get(Counter::SegmentsReclaimed),
             cleaner_bytes_moved: c.get(Counter::CleanerBytesMoved),
+            cleaner_seconds: c.get(Counter::CleanerNs) as f64 / 1e9,
             recompressed_blobs: c.get(Counter::RecompressedBlobs),
             garbage_bytes: crate::space::cleaner::garbage(inner).0,
             segment_size: inner.seg_size,

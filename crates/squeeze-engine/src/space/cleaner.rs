@@ -141,6 +141,16 @@ struct Run {
 
 /// Relocates everything still live in segment `s`.
 pub(crate) fn clean_segment(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
+    let t0 = std::time::Instant::now();
+    let r = clean_segment_inner(inner, s);
+    inner.counters.add(
+        crate::stats::Counter::CleanerNs,
+        t0.elapsed().as_nanos() as u64,
+    );
+    r
+}
+
+fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
     let mut rep = CleanReport {
         victims: 1,
         ..Default::default()
