@@ -45,6 +45,7 @@ enum Command {
     /// Serve volumes over NBD.
     Serve(cmd::serve::Args),
     Scan(cmd::scan::Args),
+    Tco(cmd::tco::Args),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +63,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Compact(a) => cmd::compact::run(a),
         Command::Scan(a) => cmd::scan::run(a),
+        Command::Tco(a) => cmd::tco::run(a),
     };
     match res {
         Ok(code) => code,

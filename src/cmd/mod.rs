@@ -6,6 +6,7 @@ pub mod check;
 pub mod compact;
 pub mod create;
 pub mod scan;
+pub mod tco;
 pub mod export;
 pub mod import;
 pub mod info;
