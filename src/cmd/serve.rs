@@ -156,24 +156,40 @@ pub fn run(a: Args) -> Result<ExitCode> {
         listeners.push(Listener::bind_tcp(addr).with_context(|| format!("listening on {addr}"))?);
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let control_path = a.control.clone().unwrap_or_else(|| paths[0].with_extension("ctl"));
+    let control_path = a
+        .control
+        .clone()
+        .unwrap_or_else(|| paths[0].with_extension("ctl"));
     let control = bind_control(&control_path)?;
     let stats_devices: Arc<Vec<(String, Arc<VolumeDevice>)>> = Arc::new(devices.clone());
+    // The statistics threads hold clones of the devices and of the server;
+    // they are stopped and joined before the volumes are closed, so that the
+    // final checkpoint (Volume::close) runs.
+    let mut helpers = Vec::new();
     {
         let devs = stats_devices.clone();
         let srv = server.clone();
-        std::thread::Builder::new()
-            .name("sqz-control".into())
-            .spawn(move || control_loop(control, &devs, &srv))?;
+        let stop = stop.clone();
+        helpers.push(
+            std::thread::Builder::new()
+                .name("sqz-control".into())
+                .spawn(move || control_loop(control, &devs, &srv, &stop))?,
+        );
     }
+    let mut metrics_addr = None;
     if let Some(m) = &a.metrics {
         let l = TcpListener::bind(m).with_context(|| format!("metrics listener on {m}"))?;
+        metrics_addr = Some(l.local_addr()?);
         let devs = stats_devices.clone();
         let srv = server.clone();
-        std::thread::Builder::new()
-            .name("sqz-metrics".into())
-            .spawn(move || metrics_loop(l, &devs, &srv))?;
+        let stop = stop.clone();
+        helpers.push(
+            std::thread::Builder::new()
+                .name("sqz-metrics".into())
+                .spawn(move || metrics_loop(l, &devs, &srv, &stop))?,
+        );
     }
+    drop(stats_devices);
 
     print_connect_help(&listeners, &devices, &control_path, a.metrics.as_deref());
 
@@ -183,19 +199,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
     ])?;
-    {
-        let stop = stop.clone();
-        std::thread::Builder::new()
-            .name("sqz-signals".into())
-            .spawn(move || {
-                if let Some(sig) = signals.forever().next() {
-                    tracing::info!(signal = sig, "shutting down");
-                    eprintln!("squeeze serve: signal {sig}, finishing in-flight requests");
-                    stop.store(true, Ordering::SeqCst);
-                    handle.shutdown();
-                }
-            })?;
-    }
+    std::thread::Builder::new()
+        .name("sqz-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!(signal = sig, "shutting down");
+                eprintln!("squeeze serve: signal {sig}, finishing in-flight requests");
+                handle.shutdown();
+            }
+        })?;
     let threads: Vec<_> = listeners
         .into_iter()
         .map(|l| {
@@ -209,21 +221,34 @@ pub fn run(a: Args) -> Result<ExitCode> {
             result = Err(e);
         }
     }
+    // Every connection is closed and every dispatched request answered.
     server.shutdown_handle().shutdown();
+    stop.store(true, Ordering::SeqCst);
+    // Wake the statistics threads out of accept().
+    let _ = UnixStream::connect(&control_path);
+    if let Some(m) = metrics_addr {
+        let _ = std::net::TcpStream::connect(m);
+    }
+    for h in helpers {
+        let _ = h.join();
+    }
     let _ = std::fs::remove_file(&control_path);
     drop(server);
     let mut failed = false;
     for (name, dev) in devices {
-        drop(stats_devices.clone());
         if let Err(e) = dev.vol.flush() {
             eprintln!("squeeze serve: flushing {name}: {e}");
             failed = true;
         }
-        if let Ok(d) = Arc::try_unwrap(dev) {
-            if let Err(e) = d.vol.close() {
-                eprintln!("squeeze serve: closing {name}: {e}");
-                failed = true;
-            }
+        let closed = match Arc::try_unwrap(dev) {
+            // Flush, final checkpoint, clean mark.
+            Ok(d) => d.vol.close(),
+            // Still referenced (should not happen): checkpoint in place.
+            Err(dev) => dev.vol.checkpoint(),
+        };
+        if let Err(e) = closed {
+            eprintln!("squeeze serve: closing {name}: {e}");
+            failed = true;
         }
     }
     result.context("serving")?;
@@ -244,13 +269,22 @@ fn print_connect_help(
     for l in listeners {
         let uri = match l {
             Listener::Tcp(t) => {
-                let a = t.local_addr().map_or_else(|_| DEFAULT_LISTEN.into(), |a| a.to_string());
+                let a = t
+                    .local_addr()
+                    .map_or_else(|_| DEFAULT_LISTEN.into(), |a| a.to_string());
                 format!("nbd://{a}/{first}")
             }
             Listener::Unix(_, p) => format!("nbd+unix:///{first}?socket={}", p.display()),
         };
         eprintln!("squeeze serve: listening on {}", l.describe());
-        eprintln!("  exports: {}", devices.iter().map(|d| d.0.as_str()).collect::<Vec<_>>().join(", "));
+        eprintln!(
+            "  exports: {}",
+            devices
+                .iter()
+                .map(|d| d.0.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         eprintln!("  qemu-img info '{uri}'");
         eprintln!("  qemu-io -f raw '{uri}' -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'");
         eprintln!("  nbdinfo --map '{uri}'");
@@ -281,23 +315,31 @@ fn bind_control(path: &Path) -> Result<UnixListener> {
         }
     }
     let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(
-        path,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )?;
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
     Ok(l)
 }
 
 fn stats_json(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> serde_json::Value {
     let mut m = serde_json::Map::new();
     for (name, d) in devs {
-        m.insert(name.clone(), serde_json::to_value(d.vol.stats()).expect("stats"));
+        m.insert(
+            name.clone(),
+            serde_json::to_value(d.vol.stats()).expect("stats"),
+        );
     }
     serde_json::json!({ "volumes": m, "server": format!("{:?}", srv.stats()) })
 }
 
-fn control_loop(l: UnixListener, devs: &[(String, Arc<VolumeDevice>)], srv: &Server) {
+fn control_loop(
+    l: UnixListener,
+    devs: &[(String, Arc<VolumeDevice>)],
+    srv: &Server,
+    stop: &AtomicBool,
+) {
     for conn in l.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
         let Ok(mut c) = conn else { continue };
         let body = stats_json(devs, srv);
         let _ = c.write_all(body.to_string().as_bytes());
@@ -322,25 +364,55 @@ fn stats_from_json(v: &serde_json::Value) -> Result<VolumeStats> {
     Ok(serde_json::from_value(v.clone())?)
 }
 
-fn metrics_loop(l: TcpListener, devs: &[(String, Arc<VolumeDevice>)], srv: &Server) {
+fn metrics_loop(
+    l: TcpListener,
+    devs: &[(String, Arc<VolumeDevice>)],
+    srv: &Server,
+    stop: &AtomicBool,
+) {
     for conn in l.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
         let Ok(mut c) = conn else { continue };
         let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+        // Read the request line and the headers up to the blank line: closing
+        // with unread request bytes would make the kernel answer with a RST,
+        // and the client could lose the response.
         let mut first = String::new();
-        if BufReader::new(&mut c).read_line(&mut first).is_err() {
-            continue;
+        {
+            let mut r = BufReader::new((&mut c).take(16 << 10));
+            if r.read_line(&mut first).is_err() {
+                continue;
+            }
+            let mut line = String::new();
+            while first.starts_with("GET")
+                && matches!(r.read_line(&mut line), Ok(n) if n > 0)
+                && !line.trim_end().is_empty()
+            {
+                line.clear();
+            }
         }
         let path = first.split_whitespace().nth(1).unwrap_or("/");
         let (status, ctype, body) = match path {
             "/metrics" => ("200 OK", "text/plain; version=0.0.4", prometheus(devs, srv)),
-            "/stats" => ("200 OK", "application/json", stats_json(devs, srv).to_string()),
-            _ => ("404 Not Found", "text/plain", "try /metrics or /stats\n".into()),
+            "/stats" => (
+                "200 OK",
+                "application/json",
+                stats_json(devs, srv).to_string(),
+            ),
+            _ => (
+                "404 Not Found",
+                "text/plain",
+                "try /metrics or /stats\n".into(),
+            ),
         };
-        let _ = write!(
-            c,
+        let reply = format!(
             "HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
+        let _ = c.write_all(reply.as_bytes());
+        let _ = c.shutdown(std::net::Shutdown::Write);
     }
 }
 
@@ -348,40 +420,132 @@ fn metrics_loop(l: TcpListener, devs: &[(String, Arc<VolumeDevice>)], srv: &Serv
 pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String {
     let mut out = String::new();
     let mut metric = |name: &str, help: &str, kind: &str, vals: Vec<(String, f64)>| {
-        out.push_str(&format!("# HELP squeeze_{name} {help}\n# TYPE squeeze_{name} {kind}\n"));
+        out.push_str(&format!(
+            "# HELP squeeze_{name} {help}\n# TYPE squeeze_{name} {kind}\n"
+        ));
         for (export, v) in vals {
             out.push_str(&format!("squeeze_{name}{{export=\"{export}\"}} {v}\n"));
         }
     };
-    let stats: Vec<(String, VolumeStats)> =
-        devs.iter().map(|(n, d)| (n.clone(), d.vol.stats())).collect();
+    let stats: Vec<(String, VolumeStats)> = devs
+        .iter()
+        .map(|(n, d)| (n.clone(), d.vol.stats()))
+        .collect();
     macro_rules! m {
         ($name:literal, $help:literal, $kind:literal, $f:expr) => {
             metric(
                 $name,
                 $help,
                 $kind,
-                stats.iter().map(|(n, s)| (n.clone(), $f(s) as f64)).collect(),
+                stats
+                    .iter()
+                    .map(|(n, s)| (n.clone(), $f(s) as f64))
+                    .collect(),
             )
         };
     }
-    m!("logical_size_bytes", "Logical size of the volume.", "gauge", |s: &VolumeStats| s.logical_size);
-    m!("written_bytes_total", "Bytes clients wrote.", "counter", |s: &VolumeStats| s.bytes_written);
-    m!("read_bytes_total", "Bytes clients read.", "counter", |s: &VolumeStats| s.bytes_read);
-    m!("mapped_bytes", "Non-zero logical data.", "gauge", |s: &VolumeStats| s.mapped_bytes);
-    m!("stored_bytes", "Live compressed extents.", "gauge", |s: &VolumeStats| s.stored_bytes);
-    m!("physical_bytes", "Bytes the backing file occupies on disk.", "gauge", |s: &VolumeStats| s.physical_bytes);
-    m!("free_physical_bytes", "Room left under the physical cap.", "gauge", |s: &VolumeStats| s.free_physical_bytes);
-    m!("compression_ratio", "Mapped bytes over stored bytes.", "gauge", |s: &VolumeStats| s.compression_ratio);
-    m!("blobs_compressed_total", "Blobs stored compressed.", "counter", |s: &VolumeStats| s.blobs_compressed);
-    m!("blobs_rejected_total", "Blobs over the required ratio, stored raw.", "counter", |s: &VolumeStats| s.blobs_rejected);
-    m!("blobs_skipped_total", "Blobs the heuristic or mode kept from the codec.", "counter", |s: &VolumeStats| s.blobs_skipped);
-    m!("compress_cpu_seconds_total", "CPU seconds compressing.", "counter", |s: &VolumeStats| s.compress_cpu_seconds);
-    m!("decompress_cpu_seconds_total", "CPU seconds decompressing.", "counter", |s: &VolumeStats| s.decompress_cpu_seconds);
-    m!("write_amplification", "Backing bytes written per stored client byte.", "gauge", |s: &VolumeStats| s.write_amplification);
-    m!("checksum_errors_total", "Reads that failed a checksum.", "counter", |s: &VolumeStats| s.checksum_errors);
-    m!("map_memory_bytes", "RAM used by the sector map.", "gauge", |s: &VolumeStats| s.map_memory_bytes);
-    m!("read_only", "1 when the volume turned read-only after an I/O failure.", "gauge", |s: &VolumeStats| u8::from(s.read_only_reason.is_some()));
+    m!(
+        "logical_size_bytes",
+        "Logical size of the volume.",
+        "gauge",
+        |s: &VolumeStats| s.logical_size
+    );
+    m!(
+        "written_bytes_total",
+        "Bytes clients wrote.",
+        "counter",
+        |s: &VolumeStats| s.bytes_written
+    );
+    m!(
+        "read_bytes_total",
+        "Bytes clients read.",
+        "counter",
+        |s: &VolumeStats| s.bytes_read
+    );
+    m!(
+        "mapped_bytes",
+        "Non-zero logical data.",
+        "gauge",
+        |s: &VolumeStats| s.mapped_bytes
+    );
+    m!(
+        "stored_bytes",
+        "Live compressed extents.",
+        "gauge",
+        |s: &VolumeStats| s.stored_bytes
+    );
+    m!(
+        "physical_bytes",
+        "Bytes the backing file occupies on disk.",
+        "gauge",
+        |s: &VolumeStats| s.physical_bytes
+    );
+    m!(
+        "free_physical_bytes",
+        "Room left under the physical cap.",
+        "gauge",
+        |s: &VolumeStats| s.free_physical_bytes
+    );
+    m!(
+        "compression_ratio",
+        "Mapped bytes over stored bytes.",
+        "gauge",
+        |s: &VolumeStats| s.compression_ratio
+    );
+    m!(
+        "blobs_compressed_total",
+        "Blobs stored compressed.",
+        "counter",
+        |s: &VolumeStats| s.blobs_compressed
+    );
+    m!(
+        "blobs_rejected_total",
+        "Blobs over the required ratio, stored raw.",
+        "counter",
+        |s: &VolumeStats| s.blobs_rejected
+    );
+    m!(
+        "blobs_skipped_total",
+        "Blobs the heuristic or mode kept from the codec.",
+        "counter",
+        |s: &VolumeStats| s.blobs_skipped
+    );
+    m!(
+        "compress_cpu_seconds_total",
+        "CPU seconds compressing.",
+        "counter",
+        |s: &VolumeStats| s.compress_cpu_seconds
+    );
+    m!(
+        "decompress_cpu_seconds_total",
+        "CPU seconds decompressing.",
+        "counter",
+        |s: &VolumeStats| s.decompress_cpu_seconds
+    );
+    m!(
+        "write_amplification",
+        "Backing bytes written per stored client byte.",
+        "gauge",
+        |s: &VolumeStats| s.write_amplification
+    );
+    m!(
+        "checksum_errors_total",
+        "Reads that failed a checksum.",
+        "counter",
+        |s: &VolumeStats| s.checksum_errors
+    );
+    m!(
+        "map_memory_bytes",
+        "RAM used by the sector map.",
+        "gauge",
+        |s: &VolumeStats| s.map_memory_bytes
+    );
+    m!(
+        "read_only",
+        "1 when the volume turned read-only after an I/O failure.",
+        "gauge",
+        |s: &VolumeStats| u32::from(s.read_only_reason.is_some())
+    );
     let _ = srv;
     out
 }

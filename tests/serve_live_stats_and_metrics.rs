@@ -1,0 +1,84 @@
+//! Live statistics while serving: `squeeze stats CONTROL_SOCKET` (text and
+//! `--json`) shows bytes_written growing as a client writes, and
+//! `--metrics ADDR:PORT` serves Prometheus text at /metrics (JSON at /stats).
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// Value of `squeeze_NAME{export="vol"}` in Prometheus text.
+fn metric(text: &str, name: &str) -> f64 {
+    let key = format!("squeeze_{name}{{export=\"vol\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .unwrap_or_else(|| panic!("no {key} in:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn stats_and_metrics_grow_while_serving() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let w = Workdir::new();
+    let srv = Serve::start(&w, &["--metrics", &addr]);
+
+    let before = live_stats(&srv)["bytes_written"].as_u64().unwrap();
+    let m0 = http_get(&addr, "/metrics");
+    assert!(m0.starts_with("HTTP/1.0 200"), "{m0}");
+    assert!(m0.contains("text/plain; version=0.0.4"), "{m0}");
+    assert!(
+        m0.contains("# TYPE squeeze_written_bytes_total counter"),
+        "{m0}"
+    );
+    assert_eq!(metric(&m0, "logical_size_bytes"), (1u64 << 30) as f64);
+    let w0 = metric(&m0, "written_bytes_total");
+
+    let mut c = srv.client(true);
+    let data = mixed_data(8 << 20, 3);
+    assert_eq!(c.write(0, &data), 0);
+    assert_eq!(c.flush(), 0);
+
+    let st = live_stats(&srv);
+    let after = st["bytes_written"].as_u64().unwrap();
+    assert!(after >= before + (8 << 20), "{before} -> {st}");
+    assert!(st["mapped_bytes"].as_u64().unwrap() > 0, "{st}");
+
+    let text = run(squeeze().arg("stats").arg(&srv.control));
+    assert!(text.contains("bytes written"), "{text}");
+    assert!(text.contains("compression ratio"), "{text}");
+
+    let m1 = http_get(&addr, "/metrics");
+    assert!(
+        metric(&m1, "written_bytes_total") >= w0 + (8 << 20) as f64,
+        "{m1}"
+    );
+    assert!(metric(&m1, "compression_ratio") > 1.0, "{m1}");
+    let j = http_get(&addr, "/stats");
+    assert!(j.starts_with("HTTP/1.0 200"), "{j}");
+    assert!(j.contains("application/json"), "{j}");
+    let body = j.split("\r\n\r\n").nth(1).unwrap();
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert!(
+        v["volumes"]["vol"]["bytes_written"].as_u64().unwrap() >= after,
+        "{v}"
+    );
+    assert!(http_get(&addr, "/nope").starts_with("HTTP/1.0 404"));
+    c.disconnect();
+    srv.stop();
+}
