@@ -80,8 +80,19 @@ pub fn open_volume(path: &Path, background: bool) -> Result<Volume> {
 
 /// Opens a volume without writing to it.
 pub fn open_volume_read_only(path: &Path) -> Result<Volume> {
+    open_volume_read_only_locked(path, false)
+}
+
+/// Opens a volume without writing to it; with `exclusive_of_writers`, fails
+/// while another process has it open for writing.
+pub fn open_volume_read_only_locked(path: &Path, exclusive_of_writers: bool) -> Result<Volume> {
     let storage = FileStorage::open_read_only(path)
         .with_context(|| format!("cannot open volume {}", path.display()))?;
+    if exclusive_of_writers {
+        storage
+            .lock_shared()
+            .with_context(|| format!("cannot check {}", path.display()))?;
+    }
     Volume::open(
         Arc::new(storage),
         OpenOptions {

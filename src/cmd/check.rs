@@ -3,7 +3,7 @@
 //! sectors by LBA. Exit status 0 when clean, 1 when damage was found, 2 when
 //! the volume cannot be opened at all.
 
-use crate::util::{open_volume_read_only, progress};
+use crate::util::{open_volume_read_only_locked, progress};
 use anyhow::Result;
 use squeeze_engine::check::check;
 use std::io::IsTerminal;
@@ -19,7 +19,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let vol = match open_volume_read_only(&a.path) {
+    let vol = match open_volume_read_only_locked(&a.path, true) {
         Ok(v) => v,
         Err(e) => {
             if a.json {

@@ -191,3 +191,23 @@ fn file_backed_volume_and_physical_bytes() {
     v.read(0, &mut back).unwrap();
     assert!(back == d);
 }
+
+#[test]
+fn a_volume_file_is_opened_by_one_writer_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.sqz");
+    let s = Arc::new(FileStorage::create(&path).unwrap());
+    let v = Volume::create(s, &small_opts(1 << 30)).unwrap();
+    let e = FileStorage::open(&path)
+        .err()
+        .expect("second writer refused");
+    assert!(e.to_string().contains("in use"), "{e}");
+    let ro = FileStorage::open_read_only(&path).unwrap();
+    assert!(ro.lock_shared().is_err(), "check must not race a writer");
+    drop(ro);
+    v.close().unwrap();
+    let again = FileStorage::open(&path).unwrap();
+    drop(again);
+    let ro = FileStorage::open_read_only(&path).unwrap();
+    ro.lock_shared().unwrap();
+}

@@ -14,10 +14,35 @@ pub struct FileStorage {
 }
 
 impl FileStorage {
-    /// Opens an existing file for reading and writing.
+    /// Opens an existing file for reading and writing, locked against any
+    /// other process opening it (two writers would corrupt the log).
     pub fn open(path: &Path) -> io::Result<FileStorage> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
-        Ok(FileStorage { file })
+        let s = FileStorage { file };
+        s.lock(libc::LOCK_EX)?;
+        Ok(s)
+    }
+
+    /// Takes a shared lock: fails while a process has the volume open for
+    /// writing (for `check`, which must not race a live server).
+    pub fn lock_shared(&self) -> io::Result<()> {
+        self.lock(libc::LOCK_SH)
+    }
+
+    fn lock(&self, how: i32) -> io::Result<()> {
+        // SAFETY: flock on an fd we own.
+        let rc = unsafe { libc::flock(self.file.as_raw_fd(), how | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the volume is in use by another process (a running `squeeze serve`?)",
+            ));
+        }
+        Err(e)
     }
 
     /// Opens an existing file read-only (for `check`, `info`, `stats`).
@@ -33,7 +58,9 @@ impl FileStorage {
             .write(true)
             .create_new(true)
             .open(path)?;
-        Ok(FileStorage { file })
+        let s = FileStorage { file };
+        s.lock(libc::LOCK_EX)?;
+        Ok(s)
     }
 
     fn fallocate(&self, mode: i32, offset: u64, len: u64) -> io::Result<()> {
