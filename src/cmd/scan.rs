@@ -365,7 +365,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .max(1);
     let mut st = WalkStats::default();
     let inputs = walk::walk(&a.paths, &mut st);
-    let budget = (!a.full).then(|| a.sample_mib << 20);
+    let budget = (!a.full).then_some(a.sample_mib << 20);
     let plan = walk::plan(&inputs, budget, PIECE);
     let bytes_logical: u64 = inputs.iter().map(|i| i.size).sum();
     let bytes_data: u64 = inputs.iter().map(walk::Input::data_bytes).sum();
@@ -610,7 +610,7 @@ fn print_text(r: &Report) {
 /// Ratio against single-core compress speed for all data, one line per
 /// codec through its blob sizes.
 fn chart(all: &GroupReport) -> String {
-    let mut series: Vec<(String, Vec<(f64, f64, String)>)> = Vec::new();
+    let mut series: Vec<svg::Series> = Vec::new();
     for c in &all.codecs {
         let point = (
             c.compress_mbps.unwrap_or(0.0),

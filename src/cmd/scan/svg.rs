@@ -49,14 +49,11 @@ fn nice_max(v: f64) -> f64 {
     10.0 * p
 }
 
-/// One line of points per series, x on a log scale. Series: (name,
-/// points (x, y, label)).
-pub fn scatter(
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &[(String, Vec<(f64, f64, String)>)],
-) -> String {
+/// A named line of points (x, y, label).
+pub type Series = (String, Vec<(f64, f64, String)>);
+
+/// One line of points per series, x on a log scale.
+pub fn scatter(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> String {
     let pts = series.iter().flat_map(|s| s.1.iter());
     let xs: Vec<f64> = pts.clone().map(|p| p.0).filter(|x| *x > 0.0).collect();
     let (xmin, xmax) = if xs.is_empty() {
