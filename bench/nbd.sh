@@ -11,6 +11,8 @@
 #   one run only).
 # Pass 2 ("none"): PEERS="nbd-raw custom" with squeeze created by serve with `--mode none`
 #   (no codec, zero detection only), against a fresh qemu-nbd raw baseline in the same run.
+# Optional pass "zstd" (PASSES="compress none zstd"): PEERS="nbd-qcow2-compress custom" with
+#   squeeze on `--algorithm zstd:1`, the codec the qcow2 peer uses, to compare ratios like for like.
 #
 # Workloads (fio 3.33 ioengine=nbd, data 60% compressible per 4 KiB chunk, refilled per I/O):
 #   W1 128k sequential write of FIO_SIZE at QD128, 128k sequential read QD128, 4k random read
@@ -54,7 +56,9 @@ for pass in $PASSES; do
       name=squeeze peers="nbd-raw nbd-qcow2-compress custom" mode_args="" ;;
     none)
       name=squeeze-mode-none peers="nbd-raw custom" mode_args="--mode none" ;;
-    *) echo "bench/nbd.sh: unknown pass $pass (compress, none)" >&2; exit 1 ;;
+    zstd)
+      name=squeeze-zstd1 peers="nbd-qcow2-compress custom" mode_args="--algorithm zstd:1" ;;
+    *) echo "bench/nbd.sh: unknown pass $pass (compress, none, zstd)" >&2; exit 1 ;;
   esac
   echo "bench/nbd.sh: pass $pass: PEERS=\"$peers\"" >&2
   # The server creates its volume (64 GiB thin) in the harness's fresh $PEER_DIR and stays in
