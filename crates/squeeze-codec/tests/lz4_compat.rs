@@ -49,3 +49,27 @@ fn squeeze_output_decodes_with_lz4_flex() {
         );
     }
 }
+
+/// A block whose match has offset 0 (no compressor emits one): lz4_flex
+/// rejects it; liblz4 1.10 accepts it and decodes the match as zeros. The
+/// output must not depend on what the destination held before (no stale
+/// bytes of an earlier read leak into this one). Found by the
+/// `codec_decompress` fuzz target (fuzz/README.md).
+#[test]
+fn offset_zero_match_never_leaks_stale_bytes() {
+    // 8 literals, match of 10 at offset 0, then 5 literals: 23 bytes.
+    let block = [
+        0x86, b's', b'q', 0x13, 0, 0, 0, 0, 0, 0x00, 0x00, 0x50, b'u', b'e', b'e', b'z', b'e',
+    ];
+    let mut expected = b"sq\x13\0\0\0\0\0".to_vec();
+    expected.extend_from_slice(&[0; 10]);
+    expected.extend_from_slice(b"ueeze");
+    assert!(lz4_flex::block::decompress_into(&block, &mut [0u8; 23]).is_err());
+    for fill in [0x00u8, 0xee, 0xff] {
+        let mut dst = [fill; 23];
+        // (An error, from a stricter liblz4, would be fine too.)
+        if decompress(CodecId::Lz4, &block, &mut dst).is_ok() {
+            assert_eq!(dst[..], expected[..], "fill {fill:#x}");
+        }
+    }
+}
