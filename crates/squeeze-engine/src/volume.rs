@@ -43,6 +43,8 @@ const SECTOR: u64 = SECTOR_SIZE as u64;
 pub const BATCH_BYTES_MAX: usize = 4 << 20;
 /// Log bytes after which the background thread writes a checkpoint.
 pub const CHECKPOINT_LOG_BYTES: u64 = 256 << 20;
+/// Granularity of backing-file allocation inside a log segment.
+pub const ALLOC_STEP: u64 = 1 << 20;
 /// The sequence-number gap left after a recovery, so that records written
 /// before a crash but never replayed can never be mistaken for new ones.
 pub const SEQ_JUMP_AFTER_RECOVERY: u64 = 1 << 32;
@@ -95,6 +97,10 @@ pub struct OpenOptions {
 
 pub(crate) struct LogState {
     pub head_offset: u64,
+    /// The head segment is allocated (fallocated) up to here; the rest of it
+    /// is allocated ALLOC_STEP at a time as the log grows, so a volume does
+    /// not occupy whole segments it has not written.
+    pub allocated_end: u64,
     pub head_segment: SegmentId,
     pub next_seq: u64,
     pub table: SegmentTable,
@@ -281,12 +287,13 @@ impl Volume {
         // Segment 0 opens the log.
         table.set(0, SegState::Log { opened_seq: 1 });
         let seg0 = sb.segment_offset(0);
-        storage.allocate(seg0, opts.segment_size)?;
+        storage.allocate(seg0, ALLOC_STEP.min(opts.segment_size))?;
         let mut hdr = [0u8; RECORD_HEADER_SIZE];
         segment_header(&uuid, 1, 0).encode(&mut hdr);
         storage.write_at(&hdr, seg0)?;
         let log = LogState {
             head_offset: seg0 + RECORD_HEADER_SIZE as u64,
+            allocated_end: seg0 + ALLOC_STEP.min(opts.segment_size),
             head_segment: 0,
             next_seq: 2,
             table,
@@ -1129,17 +1136,39 @@ impl Inner {
             return Err(EngineError::ReadOnly(why));
         }
         let seg_end = |s: SegmentId| DATA_START + (u64::from(s) + 1) * self.seg_size;
-        // Dry run: how many new segments?
+        let step = ALLOC_STEP.min(self.seg_size);
+        // Dry run: how far into the head segment, how many new segments and
+        // how much of each.
         let mut pos = log.head_offset;
         let mut end = seg_end(log.head_segment);
-        let mut new_segments = 0u64;
+        let mut head_need = log.head_offset;
+        let mut new_used: Vec<u64> = Vec::new();
         for &len in lens {
             if pos + len > end {
-                new_segments += 1;
+                new_used.push(RECORD_HEADER_SIZE as u64);
                 pos = DATA_START + RECORD_HEADER_SIZE as u64; // any fresh segment start
                 end = DATA_START + self.seg_size;
             }
             pos += len;
+            match new_used.last_mut() {
+                Some(u) => *u += len,
+                None => head_need = pos,
+            }
+        }
+        let new_segments = new_used.len() as u64;
+        let enospc = |e: std::io::Error| {
+            if EngineError::is_enospc(&e) {
+                EngineError::NoSpace(format!("backing store: {e}"))
+            } else {
+                EngineError::Io(e)
+            }
+        };
+        if head_need > log.allocated_end {
+            let to = (head_need.div_ceil(step) * step).min(seg_end(log.head_segment));
+            self.storage
+                .allocate(log.allocated_end, to - log.allocated_end)
+                .map_err(enospc)?;
+            log.allocated_end = to;
         }
         let mut fresh = Vec::new();
         if new_segments > 0 {
@@ -1153,23 +1182,23 @@ impl Inner {
                     reserve
                 )));
             }
-            for _ in 0..new_segments {
+            for used in &new_used {
                 let s = log.table.pick_free().expect("available segment");
                 let off = DATA_START + u64::from(s) * self.seg_size;
-                if let Err(e) = self.storage.allocate(off, self.seg_size) {
+                let n = (used.div_ceil(step) * step).min(self.seg_size);
+                if let Err(e) = self.storage.allocate(off, n) {
                     for f in fresh {
                         log.table.set(f, SegState::Free);
                     }
-                    return Err(if EngineError::is_enospc(&e) {
-                        EngineError::NoSpace(format!("backing store: {e}"))
-                    } else {
-                        EngineError::Io(e)
-                    });
+                    return Err(enospc(e));
                 }
                 log.table.set(s, SegState::Log { opened_seq: 0 });
                 fresh.push(s);
             }
         }
+        let last_alloc_end = new_used
+            .last()
+            .map(|u| (u.div_ceil(step) * step).min(self.seg_size));
         let mut placements = Vec::with_capacity(lens.len() + fresh.len());
         let mut fresh = fresh.into_iter();
         let mut total = 0;
@@ -1199,6 +1228,9 @@ impl Inner {
             log.next_seq += 1;
             log.head_offset += len;
             total += len;
+        }
+        if let Some(n) = last_alloc_end {
+            log.allocated_end = DATA_START + u64::from(log.head_segment) * self.seg_size + n;
         }
         log.bytes_since_checkpoint += total;
         let ticket = self.tickets.issue();

@@ -91,7 +91,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
             "checkpoint needs {n_segs} segments; use a larger segment size"
         )));
     }
-    let segs = allocate_segments(inner, n_segs)?;
+    let segs = allocate_segments(inner, n_segs, stream.len() as u64)?;
     for (k, s) in segs.iter().enumerate() {
         let from = k * inner.seg_size as usize;
         let to = (from + inner.seg_size as usize).min(stream.len());
@@ -132,10 +132,16 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
     Ok(())
 }
 
-fn allocate_segments(inner: &Inner, n: u64) -> Result<Vec<SegmentId>> {
+/// Allocates `n` free segments for a stream of `len` bytes (only the bytes
+/// the stream uses in each, rounded to 4 KiB).
+fn allocate_segments(inner: &Inner, n: u64, len: u64) -> Result<Vec<SegmentId>> {
     let mut log = inner.log.lock();
     let mut segs = Vec::new();
-    for _ in 0..n {
+    for k in 0..n {
+        let bytes = (len - k * inner.seg_size)
+            .min(inner.seg_size)
+            .div_ceil(4096)
+            * 4096;
         let Some(s) = log.table.pick_free() else {
             for s in &segs {
                 log.table.set(*s, SegState::Free);
@@ -145,7 +151,7 @@ fn allocate_segments(inner: &Inner, n: u64) -> Result<Vec<SegmentId>> {
             ));
         };
         let off = DATA_START + u64::from(s) * inner.seg_size;
-        if let Err(e) = inner.storage.allocate(off, inner.seg_size) {
+        if let Err(e) = inner.storage.allocate(off, bytes) {
             for s in &segs {
                 log.table.set(*s, SegState::Free);
             }

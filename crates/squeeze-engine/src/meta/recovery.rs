@@ -1,19 +1,24 @@
 //! Recovery: newest valid checkpoint + replay of the log after it.
 //!
-//! Decision table for each position the replay visits (tested in
+//! Decision table for each position the replay visits (one test per row in
 //! tests/recovery.rs):
 //!
-//! | bytes at the position                                    | action                          |
-//! |----------------------------------------------------------|---------------------------------|
-//! | valid header, our uuid, seq = expected, payload CRC ok    | apply, advance                  |
-//! | anything else (torn, zeros, old record, other volume)     | jump to the segment whose       |
-//! |                                                          | header has seq = expected       |
-//! | ... and no such segment                                   | end of log: replay stops here   |
+//! | bytes at the position                                   | action                              |
+//! |---------------------------------------------------------|-------------------------------------|
+//! | valid header, our uuid, seq = expected, payload CRC ok   | apply, advance                      |
+//! | anything else (a write that never completed, torn,      | continue at the valid record with   |
+//! | zeros, an older record, another volume)                  | the smallest seq >= expected, later |
+//! |                                                         | in this segment or at the start of  |
+//! |                                                         | another segment (by its header)     |
+//! | ... and there is none                                    | end of log: replay stops here       |
 //!
-//! A torn or corrupt record therefore ends replay; it never crashes the
-//! engine and never becomes data. After an unclean stop the volume jumps its
-//! sequence numbers by SEQ_JUMP_AFTER_RECOVERY and writes a fresh checkpoint,
-//! so records that followed the tear can never be replayed later.
+//! Seqs never repeat over a volume's life, so every valid record of this
+//! volume with a seq at or above the checkpoint's was written after it:
+//! passing over a gap loses only the writes that had not completed (a killed
+//! process loses nothing it was told was written). A flush waits for every
+//! earlier write, so no gap ever precedes flushed data. After an unclean stop
+//! the volume jumps its seqs by SEQ_JUMP_AFTER_RECOVERY and writes a fresh
+//! checkpoint, so records left behind can never be taken for new ones.
 
 use crate::error::{EngineError, Result};
 use crate::map::SectorMap;
@@ -25,7 +30,7 @@ use squeeze_format::{
     checksum, record::verify_payload, CheckpointReader, FormatError, RecordHeader, RecordKind,
     Superblock, DATA_START, RECORD_HEADER_SIZE,
 };
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 pub struct Recovered {
     pub log: LogState,
@@ -115,7 +120,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered> {
     // Segment headers: seq -> segment, for following the log across segments.
     let file_len = storage.len()?;
     let n_segs = (file_len.saturating_sub(DATA_START).div_ceil(seg_size) as u32).min(max_segs);
-    let mut by_seq: HashMap<u64, SegmentId> = HashMap::new();
+    let mut by_seq: BTreeMap<u64, SegmentId> = BTreeMap::new();
     let mut opened: HashMap<SegmentId, u64> = HashMap::new();
     let mut hdr = [0u8; RECORD_HEADER_SIZE];
     for s in 0..n_segs {
@@ -141,28 +146,50 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered> {
     let mut head_segment = segment_of(pos, seg_size);
     visited.insert(head_segment);
     let mut replayed = 0u64;
+    let mut skipped = 0u64;
     let mut buf = Vec::new();
-    loop {
-        match read_record(storage, sb, pos, expected, &mut buf) {
-            Some(h) => {
-                state.apply(&h, pos, seg_size);
-                if h.kind == RecordKind::Extent {
-                    counters[Counter::BytesWritten as usize] += h.raw_len() as u64;
-                }
-                counters[Counter::LogBytes as usize] += h.record_len();
-                pos += h.record_len();
-                expected += 1;
-                replayed += 1;
+    // A clean close leaves nothing after the head.
+    while !sb.clean {
+        if let Some(h) = read_record(storage, sb, pos, expected, &mut buf) {
+            state.apply(&h, pos, seg_size);
+            if h.kind == RecordKind::Extent {
+                counters[Counter::BytesWritten as usize] += h.raw_len() as u64;
             }
-            None => match by_seq.get(&expected) {
-                Some(&s) if !visited.contains(&s) => {
-                    visited.insert(s);
-                    head_segment = s;
-                    pos = sb.segment_offset(s);
-                }
-                _ => break,
-            },
+            counters[Counter::LogBytes as usize] += h.record_len();
+            pos += h.record_len();
+            expected += 1;
+            replayed += 1;
+            continue;
         }
+        // A gap (a record whose write never completed), or the end of this
+        // segment's records: continue with the valid record of the smallest
+        // seq above, here or at the start of another segment.
+        let here = scan_forward(storage, sb, pos, expected)?;
+        let there = by_seq
+            .range(expected..)
+            .find(|(_, s)| !visited.contains(s))
+            .map(|(q, s)| (*q, *s));
+        match (here, there) {
+            (Some((p, q)), t) if t.is_none_or(|(q2, _)| q < q2) => {
+                skipped += q - expected;
+                pos = p;
+                expected = q;
+            }
+            (_, Some((q, s))) => {
+                skipped += q - expected;
+                visited.insert(s);
+                head_segment = s;
+                pos = sb.segment_offset(s);
+                expected = q;
+            }
+            (_, None) => break,
+        }
+    }
+    if skipped > 0 {
+        tracing::info!(
+            skipped,
+            "replay passed over records whose writes never completed before the crash"
+        );
     }
 
     // Segment states.
@@ -188,6 +215,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered> {
     Ok(Recovered {
         log: LogState {
             head_offset: pos,
+            allocated_end: pos,
             head_segment,
             next_seq: expected,
             table,
@@ -234,6 +262,50 @@ fn read_record(
         return None;
     }
     Some(h)
+}
+
+/// The first valid record after `pos` in its segment with a seq of at
+/// least `min_seq`, as (offset, seq). Probes every record-aligned offset:
+/// headers and payloads are checksummed, and every record of this volume
+/// with such a seq was written after the checkpoint (seqs never repeat).
+fn scan_forward(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    pos: u64,
+    min_seq: u64,
+) -> Result<Option<(u64, u64)>> {
+    let seg_size = u64::from(sb.segment_size);
+    let seg = segment_of(pos, seg_size);
+    let seg_start = sb.segment_offset(seg);
+    let seg_end = seg_start + seg_size;
+    let from = squeeze_format::align_record(pos + 1);
+    if from + RECORD_HEADER_SIZE as u64 > seg_end {
+        return Ok(None);
+    }
+    let mut rest = vec![0u8; (seg_end - from) as usize];
+    storage.read_at(&mut rest, from)?;
+    let mut off = 0usize;
+    while off + RECORD_HEADER_SIZE <= rest.len() {
+        if let Ok(h) = RecordHeader::decode(&rest[off..off + RECORD_HEADER_SIZE]) {
+            let len = h.record_len() as usize;
+            let ok = h.uuid == sb.uuid
+                && h.seq >= min_seq
+                && h.kind != RecordKind::SegmentHeader
+                && off + len <= rest.len()
+                && h.lba + u64::from(h.sectors) <= sb.sectors()
+                && verify_payload(
+                    &h,
+                    &rest[off + RECORD_HEADER_SIZE
+                        ..off + RECORD_HEADER_SIZE + h.stored_len as usize],
+                )
+                .is_ok();
+            if ok {
+                return Ok(Some((from + off as u64, h.seq)));
+            }
+        }
+        off += squeeze_format::RECORD_ALIGN as usize;
+    }
+    Ok(None)
 }
 
 /// Punches every free segment inside the file (space a crash left behind).

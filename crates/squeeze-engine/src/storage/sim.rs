@@ -132,6 +132,24 @@ impl SimStorage {
         }
     }
 
+    /// Simulates a process kill (the page cache survives): a new disk whose
+    /// durable image is everything written so far, synced or not.
+    pub fn kill(&self) -> SimStorage {
+        let g = self.inner.lock();
+        SimStorage {
+            inner: Mutex::new(Inner {
+                live: g.live.clone(),
+                durable: g.live.clone(),
+                pending: Vec::new(),
+                allocated_end: g.allocated_end,
+                faults: SimFaults::default(),
+                writes: 0,
+                syncs: 0,
+                dead: false,
+            }),
+        }
+    }
+
     /// Flips one bit in both images (bit rot on the medium).
     pub fn flip_bit(&self, offset: u64, bit: u8) {
         let mut g = self.inner.lock();
