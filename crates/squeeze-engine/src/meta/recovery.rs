@@ -149,7 +149,8 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered> {
     let mut skipped = 0u64;
     let mut buf = Vec::new();
     // A clean close leaves nothing after the head.
-    while !sb.clean {
+    let mut more = !sb.clean;
+    while more {
         if let Some(h) = read_record(storage, sb, pos, expected, &mut buf) {
             state.apply(&h, pos, seg_size);
             if h.kind == RecordKind::Extent {
@@ -182,7 +183,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered> {
                 pos = sb.segment_offset(s);
                 expected = q;
             }
-            (_, None) => break,
+            (_, None) => more = false,
         }
     }
     if skipped > 0 {
