@@ -107,6 +107,17 @@ pub(crate) struct LogState {
     pub bytes_since_checkpoint: u64,
 }
 
+/// The checkpoint before the current one, which the other superblock slot
+/// names: it is kept intact (its segments, and the log segments its replay
+/// would visit) so a damaged newest slot can fall back to it.
+pub(crate) struct CheckpointHistory {
+    /// Segments of the previous checkpoint (freed when the next is written).
+    pub older_segments: Vec<SegmentId>,
+    /// Opened seq of the segment holding the previous checkpoint's replay
+    /// position: log segments opened at or after it are not freed.
+    pub prev_head_seq: u64,
+}
+
 pub(crate) struct MapState {
     pub map: SectorMap,
     pub usage: Usage,
@@ -188,6 +199,7 @@ pub(crate) struct Inner {
     pub gate: RwLock<()>,
     pub sync_lock: Mutex<u64>,
     pub ckpt_lock: Mutex<()>,
+    pub ckpt_history: Mutex<CheckpointHistory>,
     /// One cleaner at a time (background, foreground or compact).
     pub cleaner_lock: Mutex<()>,
     pub counters: Counters,
@@ -311,14 +323,29 @@ impl Volume {
     /// Opens an existing volume: newest valid superblock, its checkpoint,
     /// then replay of the log after it.
     pub fn open(storage: Arc<dyn Storage>, open: OpenOptions) -> Result<Volume> {
-        let sb = sbio::read(&*storage)?;
-        let rec = recovery::recover(&*storage, &sb)?;
+        let slots = sbio::read_slots(&*storage)?;
+        let mut sb = slots.sb;
+        if !slots.other_intact {
+            // The newest superblock may be the one lost: replay from the
+            // checkpoint this one names, whatever its clean flag says.
+            sb.clean = false;
+        }
+        let older: Vec<SegmentId> = slots
+            .other
+            .map(|o| o.checkpoint.segments)
+            .filter(|o| *o != sb.checkpoint.segments)
+            .unwrap_or_default();
+        let rec = recovery::recover(&*storage, &sb, &older)?;
         let needs_checkpoint = !sb.clean;
         let mut log = rec.log;
         if needs_checkpoint {
             log.next_seq += SEQ_JUMP_AFTER_RECOVERY;
         }
         let vol = Self::assemble(storage, sb, log, rec.state, &rec.counters, open)?;
+        *vol.inner.ckpt_history.lock() = CheckpointHistory {
+            older_segments: older,
+            prev_head_seq: rec.checkpoint_head_seq,
+        };
         if vol.inner.read_only {
             return Ok(vol);
         }
@@ -365,6 +392,10 @@ impl Volume {
             gate: RwLock::new(()),
             sync_lock: Mutex::new(0),
             ckpt_lock: Mutex::new(()),
+            ckpt_history: Mutex::new(CheckpointHistory {
+                older_segments: Vec::new(),
+                prev_head_seq: u64::MAX,
+            }),
             cleaner_lock: Mutex::new(()),
             counters: Counters::default(),
             poisoned: Mutex::new(None),
@@ -1111,13 +1142,16 @@ impl Inner {
         checkpoint::stream_len(chunks).div_ceil(self.seg_size)
     }
 
-    /// True when a checkpoint would free at least one segment.
+    /// True when dead log segments wait to be freed (by at most two
+    /// checkpoints: see `CheckpointHistory`).
     pub(crate) fn reclaimable(&self) -> bool {
         let log = self.log.lock();
         let head_seq = match log.table.state(log.head_segment) {
             SegState::Log { opened_seq } => opened_seq,
             _ => 0,
         };
+        // Dead segments before the head: a checkpoint frees those also before
+        // the previous checkpoint's head, a second one the rest.
         let st = self.state.read();
         let any = log.table.iter().any(|(s, state)| match state {
             SegState::Log { opened_seq } => {

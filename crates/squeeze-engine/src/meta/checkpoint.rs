@@ -10,9 +10,11 @@
 //!    (Those segments were free: nothing refers to them yet.)
 //! 4. Write the superblock naming the new checkpoint and sync: from here
 //!    recovery starts at the new head.
-//! 5. Free the old checkpoint's segments and every log segment that lies
-//!    wholly before the head and held no live sector in the snapshot;
-//!    punch them out of the file. (Nothing durable refers to them.)
+//! 5. Free the segments of the checkpoint before the previous one (the
+//!    previous one stays intact: the other superblock slot names it, and a
+//!    damaged newest slot falls back to it) and every log segment that lies
+//!    wholly before both checkpoints' replay positions and held no live
+//!    sector in the snapshot; punch them out. (Nothing durable refers to them.)
 
 use crate::error::{EngineError, Result};
 use crate::meta::superblock as sbio;
@@ -34,7 +36,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         return Err(EngineError::ReadOnly(why));
     }
     // 1. Snapshot at the head.
-    let (snapshot, usage, head_offset, next_seq, freeable, generation) = {
+    let (snapshot, usage, head_offset, next_seq, freeable, generation, new_head_seq) = {
         let mut log = inner.log.lock();
         let t = inner.tickets.issued();
         inner.tickets.wait_below(t);
@@ -43,6 +45,9 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
             SegState::Log { opened_seq } => opened_seq,
             _ => 0,
         };
+        // Log segments are freed only once neither this checkpoint's replay
+        // nor the previous one's (the other superblock slot) can visit them.
+        let head_seq = head_seq.min(inner.ckpt_history.lock().prev_head_seq);
         let freeable: Vec<SegmentId> = log
             .table
             .iter()
@@ -56,6 +61,10 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
             .collect();
         log.bytes_since_checkpoint = 0;
         let generation = inner.sb.lock().generation + 1;
+        let new_head_seq = match log.table.state(log.head_segment) {
+            SegState::Log { opened_seq } => opened_seq,
+            _ => 0,
+        };
         (
             st.map.snapshot(),
             st.usage.live_bytes,
@@ -63,6 +72,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
             log.next_seq,
             freeable,
             generation,
+            new_head_seq,
         )
     };
     let _ = usage;
@@ -122,8 +132,13 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         .counters
         .add(Counter::CheckpointBytes, stream.len() as u64 + 4096);
     inner.counters.add(Counter::Checkpoints, 1);
-    // 5. Free what nothing durable needs any more.
-    let mut free = old.segments;
+    // 5. Free what nothing durable needs any more: the checkpoint before the
+    // previous one (the previous one stays, named by the other slot).
+    let mut free = {
+        let mut h = inner.ckpt_history.lock();
+        h.prev_head_seq = new_head_seq;
+        std::mem::replace(&mut h.older_segments, old.segments)
+    };
     free.extend(freeable);
     release(inner, &free);
     inner

@@ -38,6 +38,8 @@ pub struct Recovered {
     pub counters: Vec<u64>,
     /// Records applied by replay.
     pub replayed: u64,
+    /// Opened seq of the segment holding the checkpoint's replay position.
+    pub checkpoint_head_seq: u64,
 }
 
 /// Reads and checks the checkpoint the superblock names.
@@ -70,7 +72,9 @@ pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<Vec<u8>
     Ok(stream)
 }
 
-pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered> {
+/// Rebuilds the state from `sb`'s checkpoint and the log after it; `older`
+/// are the previous checkpoint's segments (kept, not free).
+pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> Result<Recovered> {
     let seg_size = u64::from(sb.segment_size);
     let max_segs = max_segments(sb);
     let stream = read_checkpoint(storage, sb)?;
@@ -210,9 +214,15 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered> {
         table.set(s, log_state(s));
     }
     table.set(head_segment, log_state(head_segment));
-    for &s in &sb.checkpoint.segments {
-        table.set(s, SegState::Checkpoint);
+    for &s in sb.checkpoint.segments.iter().chain(older) {
+        if s < max_segs {
+            table.set(s, SegState::Checkpoint);
+        }
     }
+    let checkpoint_head_seq = opened
+        .get(&segment_of(head0, seg_size))
+        .copied()
+        .unwrap_or(0);
     Ok(Recovered {
         log: LogState {
             head_offset: pos,
@@ -225,6 +235,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock) -> Result<Recovered> {
         state,
         counters,
         replayed,
+        checkpoint_head_seq,
     })
 }
 

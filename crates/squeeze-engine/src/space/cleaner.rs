@@ -356,8 +356,12 @@ pub(crate) fn make_room(inner: &Inner) -> Result<()> {
             }
         }
     }
-    if inner.reclaimable() {
-        checkpoint::write(inner, false)?;
+    // Two checkpoints: the first frees what lies before both replay
+    // positions, the second what lay only before the newer one.
+    for _ in 0..2 {
+        if inner.reclaimable() {
+            checkpoint::write(inner, false)?;
+        }
     }
     Ok(())
 }
@@ -399,6 +403,8 @@ pub(crate) fn compact(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Resu
         done.push(v);
         progress(rep.victims, total);
     }
+    // Two checkpoints free every victim (see `make_room`).
+    checkpoint::write(inner, false)?;
     checkpoint::write(inner, false)?;
     Ok(rep)
 }

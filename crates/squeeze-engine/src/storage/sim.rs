@@ -18,6 +18,9 @@ pub struct SimFaults {
     pub write_eio: u32,
     /// Writes to let through before `write_eio` starts failing.
     pub writes_before_fault: u32,
+    /// Write only the first half of this many upcoming writes, then fail
+    /// them with EIO (a short write).
+    pub short_writes: u32,
     /// Fail this many upcoming syncs with EIO.
     pub sync_eio: u32,
     /// Fail this many upcoming reads with EIO.
@@ -221,6 +224,16 @@ impl Storage for SimStorage {
             if offset + data.len() as u64 > cap.max(g.allocated_end) {
                 return Err(io::Error::from_raw_os_error(libc::ENOSPC));
             }
+        }
+        if g.faults.short_writes > 0 {
+            g.faults.short_writes -= 1;
+            let half = &data[..data.len() / 2];
+            put(&mut g.live, offset, half);
+            g.pending.push(Pending::Write {
+                offset,
+                data: half.to_vec(),
+            });
+            return Err(eio("write (short)"));
         }
         put(&mut g.live, offset, data);
         g.pending.push(Pending::Write {
