@@ -348,7 +348,7 @@ fn eio_on_read_fails_that_read_only() {
         ..Default::default()
     });
     let mut b = vec![0u8; 4096];
-    let e = v.read(0, &mut b).err().expect("EIO");
+    let e = v.read(0, &mut b).expect_err("EIO");
     assert_eq!(e.errno(), libc::EIO);
     v.read(0, &mut b).unwrap();
     assert_eq!(b, vec![3u8; 4096]);
