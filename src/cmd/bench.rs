@@ -208,7 +208,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
             let jobs = (0..REQUEST / blob)
                 .map(|k| {
                     let s = i * REQUEST + k * blob;
-                    Job::new(data.clone(), s..s + blob, output_limit(&policy, blob), false)
+                    Job::new(
+                        data.clone(),
+                        s..s + blob,
+                        output_limit(&policy, blob),
+                        false,
+                    )
                 })
                 .collect();
             let res = pool.compress_batch(alg, jobs);
@@ -229,7 +234,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
             let jobs = (0..REQUEST / blob)
                 .map(|k| {
                     let s = i * REQUEST + k * blob;
-                    Job::new(data.clone(), s..s + blob, output_limit(&policy, blob), false)
+                    Job::new(
+                        data.clone(),
+                        s..s + blob,
+                        output_limit(&policy, blob),
+                        false,
+                    )
                 })
                 .collect();
             *compressed[i].lock() = pool

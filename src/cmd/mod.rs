@@ -5,14 +5,14 @@ pub mod bench;
 pub mod check;
 pub mod compact;
 pub mod create;
-pub mod scan;
-pub mod tco;
 pub mod export;
 pub mod import;
 pub mod info;
+pub mod scan;
 pub mod serve;
 pub mod set;
 pub mod stats;
+pub mod tco;
 
 use crate::util::parse_size;
 use anyhow::{bail, Result};
