@@ -1,0 +1,102 @@
+//! Every on-disk decoder of squeeze-format on arbitrary bytes: record
+//! headers (and payload verification), superblock slots, checkpoint streams
+//! and their chunks. Bytes from disk must never panic a decoder, and what
+//! decodes must re-encode to something that decodes to the same value.
+//!
+//! Input: one mode byte, then the bytes handed to every decoder. Mode bits
+//! let the fuzzer past the checksums and framing into the validation logic
+//! (random bytes almost never carry a right CRC-32C):
+//! - bit 0: recompute the record header CRC (bytes 60..64);
+//! - bit 1: zero-pad to 4 KiB and recompute the superblock CRC (4092..4096);
+//! - bit 2: take the checkpoint's expected uuid from its own bytes 16..32;
+//! - bit 3: rewrite the checkpoint's chunk count to fit the length.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use squeeze_format::checkpoint::{CHECKPOINT_HEADER_SIZE, CHUNK_BYTES};
+use squeeze_format::checksum::crc32c;
+use squeeze_format::record::verify_payload;
+use squeeze_format::{
+    CheckpointReader, MapEntry, RecordHeader, Superblock, RECORD_HEADER_SIZE, SUPERBLOCK_SIZE,
+};
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, bytes)) = data.split_first() else {
+        return;
+    };
+    record(mode, bytes);
+    superblock(mode, bytes);
+    checkpoint(mode, bytes);
+});
+
+fn record(mode: u8, bytes: &[u8]) {
+    let mut b = bytes.to_vec();
+    if mode & 1 != 0 && b.len() >= RECORD_HEADER_SIZE {
+        let crc = crc32c(&b[..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+    }
+    let Ok(h) = RecordHeader::decode(&b) else {
+        return;
+    };
+    let _ = h.record_len();
+    let _ = h.raw_len();
+    let payload = &b[RECORD_HEADER_SIZE..];
+    let _ = verify_payload(&h, payload);
+    let _ = verify_payload(&h, &payload[..payload.len().min(h.stored_len as usize)]);
+    let mut out = [0u8; RECORD_HEADER_SIZE];
+    h.encode(&mut out);
+    assert_eq!(RecordHeader::decode(&out).expect("re-encoded header"), h);
+}
+
+fn superblock(mode: u8, bytes: &[u8]) {
+    let mut b = bytes.to_vec();
+    if mode & 2 != 0 {
+        if b.len() < SUPERBLOCK_SIZE {
+            b.resize(SUPERBLOCK_SIZE, 0);
+        }
+        let crc = crc32c(&b[..SUPERBLOCK_SIZE - 4]);
+        b[SUPERBLOCK_SIZE - 4..SUPERBLOCK_SIZE].copy_from_slice(&crc.to_le_bytes());
+    }
+    let Ok(sb) = Superblock::decode(&b) else {
+        return;
+    };
+    let _ = (sb.slot(), sb.sectors(), sb.segment_offset(u32::MAX));
+    let enc = sb.encode();
+    assert_eq!(enc.len(), SUPERBLOCK_SIZE);
+    assert_eq!(Superblock::decode(&enc).expect("re-encoded superblock"), sb);
+}
+
+fn checkpoint(mode: u8, bytes: &[u8]) {
+    let mut b = bytes.to_vec();
+    let uuid: [u8; 16] = if mode & 4 != 0 && b.len() >= 32 {
+        b[16..32].try_into().expect("16 bytes")
+    } else {
+        [0; 16]
+    };
+    if mode & 8 != 0 && b.len() >= CHECKPOINT_HEADER_SIZE {
+        let counters = u32::from_le_bytes(b[64..68].try_into().expect("4 bytes")) as usize;
+        let counters_end = CHECKPOINT_HEADER_SIZE.saturating_add(counters.saturating_mul(8));
+        if let Some(rest) = b.len().checked_sub(counters_end) {
+            let chunks = rest / CHUNK_BYTES;
+            b.truncate(counters_end + chunks * CHUNK_BYTES);
+            b[56..64].copy_from_slice(&(chunks as u64).to_le_bytes());
+        }
+    }
+    let Ok(r) = CheckpointReader::decode(&b, &uuid) else {
+        return;
+    };
+    let _ = (&r.header, r.counters.len(), r.chunk_count());
+    let mut seen = 0;
+    for chunk in r.chunks() {
+        let Ok((_index, entries)) = chunk else {
+            continue;
+        };
+        seen += 1;
+        for e in entries.iter().copied().filter(|e: &MapEntry| e.is_mapped()) {
+            let _ = (e.record_offset(), e.index(), e.sectors(), e.record_len());
+            let _ = e.stored_share();
+        }
+    }
+    assert!(seen <= r.chunk_count());
+}

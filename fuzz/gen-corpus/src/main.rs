@@ -1,0 +1,410 @@
+//! Writes the committed seed corpus: a handful of valid inputs per fuzz
+//! target, built with the real encoders (so they track the format).
+//!
+//! Run from fuzz/: `CARGO_TARGET_DIR=/work/target-fuzz cargo run
+//! --manifest-path gen-corpus/Cargo.toml -- corpus` (overwrites the seed
+//! files it names; files libFuzzer added are left alone).
+
+use std::path::{Path, PathBuf};
+
+use squeeze_codec::testdata::{fio_like, random, text};
+use squeeze_codec::{new_compressor, Algorithm, CodecId};
+use squeeze_format::checksum::crc32c;
+use squeeze_format::{
+    CheckpointHeader, CheckpointRef, CheckpointWriter, CompressionMode, MapEntry, Policy,
+    RecordHeader, RecordKind, Superblock, CHUNK_ENTRIES, RECORD_HEADER_SIZE,
+};
+use squeeze_nbd::proto::*;
+
+fn main() {
+    let root = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "corpus".into()));
+    format_decoders(&root.join("format_decoders"));
+    codec_decompress(&root.join("codec_decompress"));
+    nbd_stream(&root.join("nbd_stream"));
+    engine_ops(&root.join("engine_ops"));
+}
+
+fn put(dir: &Path, name: &str, bytes: &[u8]) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join(format!("seed-{name}")), bytes).unwrap();
+}
+
+fn with_mode(mode: u8, b: &[u8]) -> Vec<u8> {
+    let mut v = vec![mode];
+    v.extend_from_slice(b);
+    v
+}
+
+const UUID: [u8; 16] = [0x5a; 16];
+
+fn superblock(clean: bool, segments: Vec<u32>) -> Superblock {
+    Superblock {
+        uuid: UUID,
+        generation: 7,
+        logical_size: 1 << 30,
+        segment_size: 32 << 20,
+        max_physical: 0,
+        policy: Policy {
+            codec: CodecId::Zstd,
+            level: 3,
+            mode: CompressionMode::Aggressive,
+            required_ratio_ppm: 875_000,
+            min_blob: 4096,
+            max_blob: 64 << 10,
+            recompress_codec: CodecId::Deflate,
+            recompress_level: 9,
+        },
+        created_unix: 1_700_000_000,
+        clean,
+        checkpoint: CheckpointRef {
+            len: 4256,
+            crc: 0x1234_5678,
+            segments,
+        },
+    }
+}
+
+fn record(kind: RecordKind, codec: CodecId, sectors: u32, payload: &[u8]) -> Vec<u8> {
+    let h = RecordHeader {
+        kind,
+        codec,
+        seq: 42,
+        uuid: UUID,
+        lba: 1000,
+        sectors,
+        stored_len: payload.len() as u32,
+        aux: if kind == RecordKind::Relocate {
+            1 << 20
+        } else {
+            3
+        },
+        payload_crc: if payload.is_empty() {
+            0
+        } else {
+            crc32c(payload)
+        },
+    };
+    let mut b = vec![0u8; RECORD_HEADER_SIZE];
+    h.encode(&mut b);
+    b.extend_from_slice(payload);
+    b
+}
+
+fn checkpoint(uuid: [u8; 16], chunks: &[u64]) -> Vec<u8> {
+    let h = CheckpointHeader {
+        uuid,
+        generation: 7,
+        next_seq: 1000,
+        head_offset: (1 << 20) + 4096,
+    };
+    let mut w = CheckpointWriter::new(&h, &[1, 2, 3, 4], chunks.len());
+    let mut entries = [MapEntry::UNMAPPED; CHUNK_ENTRIES];
+    for (i, e) in entries.iter_mut().enumerate().step_by(7) {
+        let sectors = 1 + (i as u32 % 32);
+        *e = MapEntry::new((1 << 20) + 16 * i as u64, i as u32 % sectors, sectors, 4160);
+    }
+    for &c in chunks {
+        w.push_chunk(c, &entries);
+    }
+    w.finish()
+}
+
+fn format_decoders(dir: &Path) {
+    put(
+        dir,
+        "superblock",
+        &with_mode(0, &superblock(false, vec![3, 4]).encode()),
+    );
+    put(
+        dir,
+        "superblock-clean",
+        &with_mode(0, &superblock(true, vec![9]).encode()),
+    );
+    // A short superblock the mode bit pads and checksums.
+    let mut short = superblock(false, vec![1]).encode();
+    short.truncate(200);
+    put(dir, "superblock-fixcrc", &with_mode(2, &short));
+    let comp = compressed(CodecId::Lz4, &text(8192, 1));
+    put(
+        dir,
+        "record-extent-lz4",
+        &with_mode(0, &record(RecordKind::Extent, CodecId::Lz4, 2, &comp)),
+    );
+    put(
+        dir,
+        "record-extent-raw",
+        &with_mode(
+            1,
+            &record(RecordKind::Extent, CodecId::None, 1, &random(4096, 2)),
+        ),
+    );
+    put(
+        dir,
+        "record-relocate",
+        &with_mode(0, &record(RecordKind::Relocate, CodecId::Lz4, 2, &comp)),
+    );
+    put(
+        dir,
+        "record-zero",
+        &with_mode(0, &record(RecordKind::Zero, CodecId::None, 32, &[])),
+    );
+    put(
+        dir,
+        "record-segment-header",
+        &with_mode(1, &record(RecordKind::SegmentHeader, CodecId::None, 0, &[])),
+    );
+    put(
+        dir,
+        "checkpoint-empty",
+        &with_mode(0, &checkpoint([0; 16], &[])),
+    );
+    put(
+        dir,
+        "checkpoint-2-chunks",
+        &with_mode(4, &checkpoint(UUID, &[0, 5])),
+    );
+    put(
+        dir,
+        "checkpoint-fixcount",
+        &with_mode(12, &checkpoint(UUID, &[1])),
+    );
+}
+
+fn compressed(codec: CodecId, data: &[u8]) -> Vec<u8> {
+    if codec == CodecId::None {
+        return data.to_vec();
+    }
+    let mut out = Vec::new();
+    new_compressor(Algorithm::new(codec, 0))
+        .compress(data, &mut out, usize::MAX)
+        .unwrap()
+        .unwrap();
+    out
+}
+
+fn codec_decompress(dir: &Path) {
+    let inputs = [
+        ("text4k", text(4096, 3)),
+        ("fio60-8k", fio_like(8192, 60, 512, 4)),
+        ("zeros4k", vec![0u8; 4096]),
+        ("short", b"squeeze squeeze squeeze".to_vec()),
+    ];
+    for codec in CodecId::ALL {
+        for (name, data) in &inputs {
+            let mut b = (data.len() as u32).to_le_bytes()[..3].to_vec();
+            b.extend_from_slice(&compressed(codec, data));
+            put(dir, &format!("{}-{name}", codec.name()), &b);
+        }
+    }
+}
+
+/// Client byte streams for nbd_stream.
+struct Nbd(Vec<u8>);
+
+impl Nbd {
+    fn new(client_flags: u32) -> Nbd {
+        Nbd(client_flags.to_be_bytes().to_vec())
+    }
+    fn opt(mut self, opt: u32, data: &[u8]) -> Nbd {
+        self.0.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        self.0.extend_from_slice(&opt.to_be_bytes());
+        self.0.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        self.0.extend_from_slice(data);
+        self
+    }
+    fn go(self, name: &str, infos: &[u16]) -> Nbd {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+        for i in infos {
+            d.extend_from_slice(&i.to_be_bytes());
+        }
+        self.opt(OPT_GO, &d)
+    }
+    fn meta(self, opt: u32, name: &str, queries: &[&str]) -> Nbd {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q.as_bytes());
+        }
+        self.opt(opt, &d)
+    }
+    fn req(mut self, cmd: u16, flags: u16, offset: u64, len: u32, data: &[u8]) -> Nbd {
+        self.0.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        self.0.extend_from_slice(&flags.to_be_bytes());
+        self.0.extend_from_slice(&cmd.to_be_bytes());
+        self.0.extend_from_slice(&(offset ^ 0xc0c0).to_be_bytes()); // cookie
+        self.0.extend_from_slice(&offset.to_be_bytes());
+        self.0.extend_from_slice(&len.to_be_bytes());
+        self.0.extend_from_slice(data);
+        self
+    }
+    fn io(self) -> Nbd {
+        self.req(CMD_WRITE, 0, 4096, 512, &[0xab; 512])
+            .req(CMD_WRITE, CMD_FLAG_FUA, 100, 7, b"squeeze")
+            .req(CMD_READ, 0, 0, 8192, &[])
+            .req(CMD_FLUSH, 0, 0, 0, &[])
+            .req(CMD_TRIM, 0, 0, 4096, &[])
+            .req(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 8192, 4096, &[])
+            .req(CMD_BLOCK_STATUS, 0, 0, 1 << 20, &[])
+            .req(CMD_READ, CMD_FLAG_DF, 0, 4096, &[])
+            .req(CMD_DISC, 0, 0, 0, &[])
+    }
+}
+
+fn nbd_stream(dir: &Path) {
+    let flags = FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES;
+    let full = Nbd::new(flags)
+        .opt(OPT_STRUCTURED_REPLY, &[])
+        .meta(OPT_SET_META_CONTEXT, "mem", &[META_BASE_ALLOCATION])
+        .go("mem", &[INFO_BLOCK_SIZE, INFO_NAME, INFO_DESCRIPTION])
+        .io();
+    put(dir, "structured-go-io", &full.0);
+    put(dir, "simple-go-io", &Nbd::new(flags).go("mem", &[]).io().0);
+    put(
+        dir,
+        "export-name-io",
+        &Nbd::new(FLAG_C_FIXED_NEWSTYLE)
+            .opt(OPT_EXPORT_NAME, b"mem")
+            .io()
+            .0,
+    );
+    put(
+        dir,
+        "read-only-export",
+        &Nbd::new(flags).go("ro", &[]).io().0,
+    );
+    let probe = Nbd::new(flags)
+        .opt(OPT_LIST, &[])
+        .go_info("", &[INFO_EXPORT])
+        .meta(OPT_LIST_META_CONTEXT, "mem", &["base:"])
+        .opt(OPT_STARTTLS, &[])
+        .opt(0x7777, b"unknown")
+        .opt(OPT_ABORT, &[]);
+    put(dir, "options-abort", &probe.0);
+    let bad = Nbd::new(flags)
+        .go("mem", &[])
+        .req(CMD_READ, 0, (1 << 20) - 1, 2, &[])
+        .req(CMD_WRITE, CMD_FLAG_REQ_ONE, 0, 1, b"x")
+        .req(CMD_CACHE, 0, 0, 1, &[])
+        .req(99, 0, 0, 0, &[])
+        .req(CMD_WRITE, 0, 0, BLOCK_SIZE_MAX + 1, &[1, 2, 3]);
+    put(dir, "bad-requests", &bad.0);
+}
+
+impl Nbd {
+    fn go_info(self, name: &str, infos: &[u16]) -> Nbd {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+        for i in infos {
+            d.extend_from_slice(&i.to_be_bytes());
+        }
+        self.opt(OPT_INFO, &d)
+    }
+}
+
+/// One engine_ops operation: [op, off (u24 LE), len (u24 LE), arg].
+fn op(code: u8, off: u32, len: u32, arg: u8) -> [u8; 8] {
+    let o = off.to_le_bytes();
+    let l = len.to_le_bytes();
+    [code, o[0], o[1], o[2], l[0], l[1], l[2], arg]
+}
+
+const WRITE: u8 = 0;
+const READ: u8 = 1;
+const TRIM: u8 = 2;
+const ZERO: u8 = 3;
+const FLUSH: u8 = 4;
+const CKPT: u8 = 5;
+const REOPEN: u8 = 6;
+const CLEAN: u8 = 7;
+const POLICY: u8 = 8;
+const STATUS: u8 = 9;
+
+fn engine_ops(dir: &Path) {
+    let seq = |policy: u8, ops: &[[u8; 8]]| {
+        let mut v = vec![policy];
+        for o in ops {
+            v.extend_from_slice(o);
+        }
+        v
+    };
+    // policy byte: codec = b % 5 (none, lz4, zstd, snappy, deflate), mode = b / 5 % 4.
+    let lz4_aggressive = 1 + 5 * 2;
+    put(
+        dir,
+        "write-read-reopen",
+        &seq(
+            lz4_aggressive,
+            &[
+                op(WRITE, 0, 65536, 3),
+                op(READ, 0, 65536, 0),
+                op(WRITE, 4096, 5000, 2 | 8),
+                op(READ, 0, 16384, 0),
+                op(TRIM, 8192, 16384, 0),
+                op(READ, 0, 131072, 0),
+                op(FLUSH, 0, 0, 0),
+                op(CKPT, 0, 0, 0),
+                op(REOPEN, 0, 0, 0),
+                op(STATUS, 0, 1 << 20, 255),
+            ],
+        ),
+    );
+    let zstd_force = 2 + 5 * 3;
+    put(
+        dir,
+        "overwrite-clean-policy",
+        &seq(
+            zstd_force,
+            &[
+                op(WRITE, 0, 262144, 4),
+                op(WRITE, 12345, 100000, 5),
+                op(WRITE, 0, 262144, 7),
+                op(TRIM, 0, 131072, 8),
+                op(CKPT, 0, 0, 0),
+                op(CLEAN, 0, 0, 0),
+                op(READ, 0, 262144, 0),
+                op(POLICY, 0x21, 0, 4),
+                op(WRITE, 700000, 200000, 6 | 16),
+                op(REOPEN, 0, 0, 0),
+                op(READ, 600000, 262144, 0),
+            ],
+        ),
+    );
+    let snappy_passive = 3 + 5;
+    put(
+        dir,
+        "unaligned-zeroes",
+        &seq(
+            snappy_passive,
+            &[
+                op(WRITE, 1, 1, 1),
+                op(WRITE, 4095, 2, 3 | 32),
+                op(WRITE, 10000, 30000, 0),
+                op(ZERO, 5000, 10000, 8),
+                op(STATUS, 0, 65536, 2),
+                op(READ, 0, 65536, 0),
+                op(WRITE, (1 << 20) - 3, 3, 2),
+                op(READ, (1 << 20) - 4096, 4096, 0),
+            ],
+        ),
+    );
+    let none = 0;
+    put(
+        dir,
+        "uncompressed",
+        &seq(
+            none,
+            &[
+                op(WRITE, 0, 8192, 2),
+                op(POLICY, 1, 0, 11),
+                op(WRITE, 4096, 8192, 3),
+                op(REOPEN, 0, 0, 0),
+                op(READ, 0, 16384, 0),
+            ],
+        ),
+    );
+}
