@@ -12,11 +12,20 @@
 //! NBD_REP_ERR_* is answered, anything else (bad magic, unknown client
 //! flags, an absurd length, a truncated stream) is a `HandshakeError`
 //! that closes this connection only.
+//!
+//! TLS rules (NBD proto.md, "TLS support"): with TLS required, every option
+//! but STARTTLS and ABORT before TLS gets NBD_REP_ERR_TLS_REQD and
+//! NBD_OPT_EXPORT_NAME closes the connection; STARTTLS without TLS
+//! configured gets NBD_REP_ERR_UNSUP, a second one NBD_REP_ERR_INVALID.
+//! After STARTTLS the option phase starts afresh (no greeting, no state
+//! kept). Exports off the allow-list are neither listed nor selectable:
+//! they answer as unknown exports do.
 
 use std::io::{self, Read, Write};
 
 use crate::proto::*;
 use crate::server::Export;
+use crate::tls::TlsMode;
 
 /// Why a handshake ended without a usable connection.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +54,27 @@ pub(crate) enum Outcome {
     Transmission(Negotiated),
     /// The client sent NBD_OPT_ABORT (or closed cleanly between options).
     Aborted,
+    /// NBD_OPT_STARTTLS was acknowledged (and flushed): run the TLS
+    /// handshake, then `options` again over TLS.
+    StartTls,
+}
+
+/// What a connection may see and must do: fixed for the server's life.
+pub(crate) struct Policy<'a> {
+    pub exports: &'a [Export],
+    /// Per export: whether the allow-list lets clients see and select it.
+    pub visible: &'a [bool],
+    /// TLS offered (`None`: STARTTLS is answered NBD_REP_ERR_UNSUP).
+    pub tls: Option<TlsMode>,
+}
+
+/// What the option phase carries across STARTTLS.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Session {
+    /// The client set NBD_FLAG_C_NO_ZEROES.
+    pub no_zeroes: bool,
+    /// TLS is up on this connection.
+    pub tls_active: bool,
 }
 
 /// Transmission flags for an export on a connection.
@@ -77,11 +107,16 @@ pub(crate) fn preferred_block_size(export: &Export) -> u32 {
     }
 }
 
-fn find_export(exports: &[Export], name: &[u8]) -> Option<usize> {
+/// The export a client names, if the allow-list lets it see it; the empty
+/// name selects the first visible export.
+fn find_export(p: &Policy<'_>, name: &[u8]) -> Option<usize> {
     if name.is_empty() {
-        return if exports.is_empty() { None } else { Some(0) };
+        return p.visible.iter().position(|v| *v);
     }
-    exports.iter().position(|e| e.name.as_bytes() == name)
+    p.exports
+        .iter()
+        .zip(p.visible)
+        .position(|(e, v)| *v && e.name.as_bytes() == name)
 }
 
 fn be_u16(b: &[u8]) -> u16 {
@@ -153,12 +188,26 @@ fn parse_meta(mut data: &[u8]) -> Option<(&[u8], Vec<&[u8]>)> {
     Some((name, queries))
 }
 
-/// Run the handshake on a fresh connection.
+/// Run the whole handshake on a fresh connection: every export visible,
+/// no TLS (what the unit tests and fuzzers drive).
+#[cfg(test)]
 pub(crate) fn negotiate<R: Read, W: Write>(
     r: &mut R,
     w: &mut W,
     exports: &[Export],
 ) -> Result<Outcome, HandshakeError> {
+    let visible = vec![true; exports.len()];
+    let policy = Policy {
+        exports,
+        visible: &visible,
+        tls: None,
+    };
+    let session = greet(r, w)?;
+    options(r, w, &policy, session)
+}
+
+/// The greeting and the client's flags.
+pub(crate) fn greet<R: Read, W: Write>(r: &mut R, w: &mut W) -> Result<Session, HandshakeError> {
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&NBDMAGIC.to_be_bytes());
     greeting.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -174,7 +223,24 @@ pub(crate) fn negotiate<R: Read, W: Write>(
             "unknown client flags {client_flags:#x}"
         )));
     }
-    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    Ok(Session {
+        no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
+        tls_active: false,
+    })
+}
+
+/// Options until the client picks an export, aborts, or starts TLS. After
+/// TLS, called again with `session.tls_active`: nothing negotiated before
+/// TLS (structured replies, meta contexts) carries over.
+pub(crate) fn options<R: Read, W: Write>(
+    r: &mut R,
+    w: &mut W,
+    policy: &Policy<'_>,
+    session: Session,
+) -> Result<Outcome, HandshakeError> {
+    let exports = policy.exports;
+    let no_zeroes = session.no_zeroes;
+    let tls_required = policy.tls == Some(TlsMode::Require) && !session.tls_active;
     let mut structured = false;
     let mut base_allocation = false;
 
@@ -202,9 +268,26 @@ pub(crate) fn negotiate<R: Read, W: Write>(
         r.read_exact(&mut data)?;
         tracing::trace!(opt, len, "option");
 
+        if tls_required && opt != OPT_STARTTLS && opt != OPT_ABORT {
+            if opt == OPT_EXPORT_NAME {
+                // No error reply exists for NBD_OPT_EXPORT_NAME: close.
+                return Err(HandshakeError::Protocol(
+                    "NBD_OPT_EXPORT_NAME before TLS on a server that requires TLS".into(),
+                ));
+            }
+            opt_error(
+                w,
+                opt,
+                REP_ERR_TLS_REQD,
+                "TLS required: send NBD_OPT_STARTTLS first",
+            )?;
+            w.flush()?;
+            continue;
+        }
+
         match opt {
             OPT_EXPORT_NAME => {
-                let Some(i) = find_export(exports, &data) else {
+                let Some(i) = find_export(policy, &data) else {
                     // The protocol has no error reply here: close.
                     return Err(HandshakeError::Protocol(format!(
                         "NBD_OPT_EXPORT_NAME for unknown export {:?}",
@@ -235,7 +318,7 @@ pub(crate) fn negotiate<R: Read, W: Write>(
                 if len != 0 {
                     opt_error(w, opt, REP_ERR_INVALID, "NBD_OPT_LIST takes no data")?;
                 } else {
-                    for e in exports {
+                    for (e, _) in exports.iter().zip(policy.visible).filter(|(_, v)| **v) {
                         let mut d = Vec::with_capacity(4 + e.name.len() + e.description.len());
                         d.extend_from_slice(&(e.name.len() as u32).to_be_bytes());
                         d.extend_from_slice(e.name.as_bytes());
@@ -246,8 +329,22 @@ pub(crate) fn negotiate<R: Read, W: Write>(
                 }
             }
             OPT_STARTTLS => {
-                // Policy for now: no TLS. Clients that require it stop here.
-                opt_error(w, opt, REP_ERR_UNSUP, "TLS is not supported by this server")?;
+                if len != 0 {
+                    opt_error(w, opt, REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data")?;
+                } else if session.tls_active {
+                    opt_error(w, opt, REP_ERR_INVALID, "TLS is already on")?;
+                } else if policy.tls.is_none() {
+                    opt_error(
+                        w,
+                        opt,
+                        REP_ERR_UNSUP,
+                        "TLS is not configured on this server",
+                    )?;
+                } else {
+                    opt_reply(w, opt, REP_ACK, &[])?;
+                    w.flush()?;
+                    return Ok(Outcome::StartTls);
+                }
             }
             OPT_STRUCTURED_REPLY => {
                 if len != 0 {
@@ -268,7 +365,7 @@ pub(crate) fn negotiate<R: Read, W: Write>(
                     w.flush()?;
                     continue;
                 };
-                let Some(i) = find_export(exports, name) else {
+                let Some(i) = find_export(policy, name) else {
                     opt_error(w, opt, REP_ERR_UNKNOWN, "no such export")?;
                     w.flush()?;
                     continue;
@@ -313,7 +410,7 @@ pub(crate) fn negotiate<R: Read, W: Write>(
                 };
                 if opt == OPT_SET_META_CONTEXT && !structured {
                     opt_error(w, opt, REP_ERR_INVALID, "structured replies not negotiated")?;
-                } else if find_export(exports, name).is_none() {
+                } else if find_export(policy, name).is_none() {
                     opt_error(w, opt, REP_ERR_UNKNOWN, "no such export")?;
                 } else {
                     let wanted = if opt == OPT_LIST_META_CONTEXT {

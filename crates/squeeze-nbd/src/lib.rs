@@ -7,7 +7,11 @@
 //! Modules, in the order a connection meets them:
 //! - `server`: listeners (TCP, Unix), one reader thread per connection, a
 //!   shared worker pool, in-flight limits, shutdown;
-//! - `handshake`: the fixed newstyle option phase;
+//! - `access`: the client address allow-list (CIDR), checked on accept;
+//! - `handshake`: the fixed newstyle option phase (TLS rules, the export
+//!   allow-list);
+//! - `tls`: NBD_OPT_STARTTLS with rustls: the TLS handshake and a pump
+//!   thread that gives the rest of the connection a plaintext stream;
 //! - `request`: request parsing, validation and errno mapping;
 //! - `reply`: simple and structured reply encoding;
 //! - `device`: the `BlockDevice` trait and the sparse `MemDevice`;
@@ -27,6 +31,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod access;
 pub mod device;
 pub mod handshake;
 pub mod proto;
@@ -34,9 +39,12 @@ mod reply;
 pub mod request;
 pub mod server;
 pub mod stats;
+pub mod tls;
 
+pub use access::IpNet;
 pub use device::{BlockDevice, MemDevice, MEM_PAGE_BYTES};
 pub use handshake::HandshakeError;
 pub use request::errno_for;
 pub use server::{Export, Listener, Server, ServerConfig, ServerError, ShutdownHandle};
 pub use stats::{RequestCounts, ServerStats};
+pub use tls::{TlsConfig, TlsError, TlsMode};

@@ -27,10 +27,18 @@
 //!
 //! A protocol violation (bad magic, truncated stream, an unskippable
 //! payload, a bad handshake) closes that connection only, logged at warn.
+//!
+//! The front door: `Listener::bind_unix` makes the socket 0600; a TCP
+//! client whose address is not on `allowed_peers` is closed on accept;
+//! `allowed_exports` hides the other exports in the handshake; with `tls`,
+//! a client's NBD_OPT_STARTTLS moves the rest of its connection onto a TLS
+//! pump (`tls.rs`): the code below then runs on the pump's plaintext end
+//! exactly as on a socket, and joins the pump before the connection counts
+//! as closed.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Shutdown, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -42,12 +50,14 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
+use crate::access::IpNet;
 use crate::device::BlockDevice;
-use crate::handshake::{self, HandshakeError, Negotiated, Outcome};
+use crate::handshake::{self, HandshakeError, Negotiated, Outcome, Policy};
 use crate::proto::*;
 use crate::reply;
 use crate::request::{self, Command, Payload, RequestContext};
 use crate::stats::{Counters, ServerStats};
+use crate::tls::{self, TlsConfig};
 
 /// One export: a named device.
 pub struct Export {
@@ -75,6 +85,14 @@ pub struct ServerConfig {
     /// With structured replies, answer a READ of an all-hole range with
     /// OFFSET_HOLE (costs one `block_status` call per READ).
     pub read_holes: bool,
+    /// TLS (NBD_OPT_STARTTLS) offered or required; `None`: plaintext only.
+    pub tls: Option<TlsConfig>,
+    /// Export allow-list: only these exports are listed and selectable
+    /// (the empty name selects the first of them); `None`: all.
+    pub allowed_exports: Option<Vec<String>>,
+    /// Client address allow-list for TCP listeners, checked on accept;
+    /// `None`: any address. Unix socket clients are always allowed.
+    pub allowed_peers: Option<Vec<IpNet>>,
 }
 
 /// Default per-connection in-flight payload budget.
@@ -92,6 +110,9 @@ impl Default for ServerConfig {
             handshake_timeout: Some(Duration::from_secs(60)),
             send_timeout: Some(Duration::from_secs(60)),
             read_holes: true,
+            tls: None,
+            allowed_exports: None,
+            allowed_peers: None,
         }
     }
 }
@@ -152,19 +173,21 @@ impl Listener {
         }
     }
 
-    fn accept(&self) -> io::Result<(Stream, String)> {
+    /// A new connection, its description for logs and, for TCP, the
+    /// client's address.
+    fn accept(&self) -> io::Result<(Stream, String, Option<IpAddr>)> {
         match self {
             Listener::Tcp(l) => {
                 let (s, peer) = l.accept()?;
                 s.set_nonblocking(false)?;
                 // Small replies must not wait for Nagle.
                 s.set_nodelay(true)?;
-                Ok((Stream::Tcp(s), peer.to_string()))
+                Ok((Stream::Tcp(s), peer.to_string(), Some(peer.ip())))
             }
             Listener::Unix(l, p) => {
                 let (s, _) = l.accept()?;
                 s.set_nonblocking(false)?;
-                Ok((Stream::Unix(s), format!("unix:{}", p.display())))
+                Ok((Stream::Unix(s), format!("unix:{}", p.display()), None))
             }
         }
     }
@@ -178,8 +201,8 @@ impl Drop for Listener {
     }
 }
 
-/// A connected socket of either kind.
-enum Stream {
+/// A connected socket of either kind (or the plaintext end of a TLS pump).
+pub(crate) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
 }
@@ -192,14 +215,21 @@ impl Stream {
         })
     }
 
-    fn shutdown(&self, how: Shutdown) {
+    pub(crate) fn shutdown(&self, how: Shutdown) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(how),
             Stream::Unix(s) => s.shutdown(how),
         };
     }
 
-    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+    pub(crate) fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_nonblocking(on),
+            Stream::Unix(s) => s.set_nonblocking(on),
+        }
+    }
+
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t),
             Stream::Unix(s) => s.set_read_timeout(t),
@@ -210,6 +240,15 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.set_write_timeout(t),
             Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+}
+
+impl AsRawFd for Stream {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
         }
     }
 }
@@ -248,6 +287,8 @@ pub enum ServerError {
     NameTooLong(String),
     #[error("invalid configuration: {0}")]
     Config(&'static str),
+    #[error("export allow-list names {0:?}, which is not an export")]
+    UnknownAllowedExport(String),
     #[error("i/o error: {0}")]
     Io(#[from] io::Error),
 }
@@ -267,6 +308,8 @@ pub struct ShutdownHandle {
 
 struct Inner {
     exports: Vec<Export>,
+    /// Per export: on the allow-list (all true without one).
+    visible: Vec<bool>,
     config: ServerConfig,
     counters: Arc<Counters>,
     jobs: Sender<Job>,
@@ -317,6 +360,21 @@ impl Server {
                 "in_flight_bytes_max below the maximum block size",
             ));
         }
+        let visible: Vec<bool> = match &config.allowed_exports {
+            None => vec![true; exports.len()],
+            Some(allowed) => {
+                if let Some(bad) = allowed
+                    .iter()
+                    .find(|a| !exports.iter().any(|e| e.name == **a))
+                {
+                    return Err(ServerError::UnknownAllowedExport(bad.clone()));
+                }
+                exports.iter().map(|e| allowed.contains(&e.name)).collect()
+            }
+        };
+        if !visible.contains(&true) {
+            return Err(ServerError::Config("the export allow-list is empty"));
+        }
         let (jobs, rx) = crossbeam_channel::unbounded::<Job>();
         for i in 0..config.workers {
             let rx: Receiver<Job> = rx.clone();
@@ -333,6 +391,7 @@ impl Server {
         Ok(Server {
             inner: Arc::new(Inner {
                 exports,
+                visible,
                 config,
                 counters: Arc::new(Counters::default()),
                 jobs,
@@ -427,7 +486,15 @@ impl Server {
                 return Ok(());
             }
             match listener.accept() {
-                Ok((stream, peer)) => self.start_connection(stream, peer),
+                Ok((stream, peer, ip)) => {
+                    if self.peer_allowed(ip) {
+                        self.start_connection(stream, peer);
+                    } else {
+                        Counters::add(&inner.counters.protocol_errors, 1);
+                        tracing::warn!(%peer, "client address not on the allow-list; closing");
+                        stream.shutdown(Shutdown::Both);
+                    }
+                }
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -441,6 +508,13 @@ impl Server {
                     std::thread::sleep(Duration::from_millis(100));
                 }
             }
+        }
+    }
+
+    fn peer_allowed(&self, ip: Option<IpAddr>) -> bool {
+        match (&self.inner.config.allowed_peers, ip) {
+            (Some(nets), Some(ip)) => nets.iter().any(|n| n.contains(ip)),
+            _ => true,
         }
     }
 
@@ -643,59 +717,150 @@ fn read_or_eof<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<bool> {
     Ok(true)
 }
 
-/// The reader thread of one connection: handshake, then requests.
+/// The reader thread of one connection: handshake (with STARTTLS, the
+/// rest of the connection runs over the TLS pump's plaintext stream),
+/// then requests.
 fn connection(inner: &Arc<Inner>, id: u64, stream: Stream, peer: &str) {
-    let writer = match stream.try_clone() {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::warn!(conn = id, error = %e, "cannot clone socket");
-            return;
-        }
-    };
-    if stream
-        .set_read_timeout(inner.config.handshake_timeout)
-        .is_err()
-        || stream.set_write_timeout(inner.config.send_timeout).is_err()
-    {
-        return;
+    let mut pump = None;
+    if let Some((reader, writer, negotiated)) = negotiate(inner, id, stream, peer, &mut pump) {
+        serve_connection(inner, id, reader, writer, negotiated, peer);
     }
-    let mut reader = BufReader::with_capacity(128 << 10, stream);
-    let mut bw = BufWriter::new(writer);
-    let negotiated = match handshake::negotiate(&mut reader, &mut bw, &inner.exports) {
-        Ok(Outcome::Transmission(n)) => n,
-        Ok(Outcome::Aborted) => {
-            tracing::debug!(conn = id, "client ended the handshake");
-            return;
-        }
-        Err(HandshakeError::Protocol(what)) => {
-            protocol_violation(inner, id, peer, &what);
-            return;
-        }
-        Err(HandshakeError::Io(e)) => {
+    // Every handle of the plaintext end is closed by now: the pump sends
+    // close_notify, flushes what the workers wrote, and ends.
+    if let Some(p) = pump {
+        p.join();
+    }
+}
+
+fn handshake_failed(inner: &Inner, id: u64, peer: &str, e: HandshakeError) {
+    match e {
+        HandshakeError::Protocol(what) => protocol_violation(inner, id, peer, &what),
+        HandshakeError::Io(e) => {
             if !inner.shutting_down.load(Ordering::SeqCst) {
                 protocol_violation(inner, id, peer, &format!("handshake cut short: {e}"));
             }
-            return;
         }
-    };
-    let writer = match bw.into_inner() {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::info!(conn = id, error = %e.error(), "cannot finish handshake");
-            return;
-        }
-    };
-    if reader.get_ref().set_read_timeout(None).is_err() {
-        return;
     }
+}
+
+/// Runs the option phase (and TLS, if the client asks for it) on `stream`;
+/// on success returns the streams to use in transmission.
+fn negotiate(
+    inner: &Arc<Inner>,
+    id: u64,
+    stream: Stream,
+    peer: &str,
+    pump: &mut Option<tls::PumpHandle>,
+) -> Option<(BufReader<Stream>, Stream, Negotiated)> {
+    let policy = Policy {
+        exports: &inner.exports,
+        visible: &inner.visible,
+        tls: inner.config.tls.as_ref().map(|t| t.mode()),
+    };
+    let mut stream = stream;
+    let mut session = None;
+    loop {
+        let writer = match stream.try_clone() {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(conn = id, error = %e, "cannot clone socket");
+                return None;
+            }
+        };
+        if stream
+            .set_read_timeout(inner.config.handshake_timeout)
+            .is_err()
+            || stream.set_write_timeout(inner.config.send_timeout).is_err()
+        {
+            return None;
+        }
+        let mut reader = BufReader::with_capacity(128 << 10, stream);
+        let mut bw = BufWriter::new(writer);
+        let s = match session {
+            Some(s) => s,
+            None => match handshake::greet(&mut reader, &mut bw) {
+                Ok(s) => s,
+                Err(e) => {
+                    handshake_failed(inner, id, peer, e);
+                    return None;
+                }
+            },
+        };
+        let negotiated = match handshake::options(&mut reader, &mut bw, &policy, s) {
+            Ok(Outcome::Transmission(n)) => n,
+            Ok(Outcome::Aborted) => {
+                tracing::debug!(conn = id, "client ended the handshake");
+                return None;
+            }
+            Ok(Outcome::StartTls) => {
+                let Some(config) = inner.config.tls.as_ref() else {
+                    unreachable!("STARTTLS acknowledged without TLS configured");
+                };
+                // The ACK is flushed; bytes read past it are TLS records.
+                let buffered = reader.buffer().to_vec();
+                drop(bw);
+                let raw = reader.into_inner();
+                match tls::accept(raw, &buffered, config, inner.config.send_timeout, id) {
+                    Ok((plain, p)) => {
+                        *pump = Some(p);
+                        stream = plain;
+                        session = Some(handshake::Session {
+                            tls_active: true,
+                            ..s
+                        });
+                        continue;
+                    }
+                    Err(e) => {
+                        if !inner.shutting_down.load(Ordering::SeqCst) {
+                            protocol_violation(
+                                inner,
+                                id,
+                                peer,
+                                &format!("TLS handshake failed: {e}"),
+                            );
+                        }
+                        return None;
+                    }
+                }
+            }
+            Err(e) => {
+                handshake_failed(inner, id, peer, e);
+                return None;
+            }
+        };
+        let writer = match bw.into_inner() {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::info!(conn = id, error = %e.error(), "cannot finish handshake");
+                return None;
+            }
+        };
+        if reader.get_ref().set_read_timeout(None).is_err() {
+            return None;
+        }
+        let export = &inner.exports[negotiated.export_index];
+        tracing::info!(
+            conn = id,
+            export = %export.name,
+            structured = negotiated.structured,
+            base_allocation = negotiated.base_allocation,
+            tls = s.tls_active,
+            "transmission started"
+        );
+        return Some((reader, writer, negotiated));
+    }
+}
+
+/// Transmission on a negotiated connection, until it ends.
+fn serve_connection(
+    inner: &Arc<Inner>,
+    id: u64,
+    mut reader: BufReader<Stream>,
+    writer: Stream,
+    negotiated: Negotiated,
+    peer: &str,
+) {
     let export = &inner.exports[negotiated.export_index];
-    tracing::info!(
-        conn = id,
-        export = %export.name,
-        structured = negotiated.structured,
-        base_allocation = negotiated.base_allocation,
-        "transmission started"
-    );
     let conn = Arc::new(Conn {
         id,
         device: Arc::clone(&export.device),
