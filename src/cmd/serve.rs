@@ -7,12 +7,20 @@
 //! served on a control socket (`squeeze stats SOCKET`) and, with
 //! `--metrics`, in Prometheus text format over HTTP. SIGINT/SIGTERM stop
 //! accepting, finish in-flight requests, flush, checkpoint and exit 0.
+//!
+//! The front door (NBD has no authentication of its own): TCP binds to
+//! loopback unless `--listen` says otherwise, Unix sockets are mode 0600,
+//! `--tls-cert`/`--tls-key` turn on TLS (NBD_OPT_STARTTLS, required by
+//! default once certificates are given; `--tls-client-ca` also requires
+//! client certificates), `--allow-export` limits the exports clients can
+//! see and select, and `--allow` limits the addresses TCP clients may
+//! connect from.
 
 use super::PolicyArgs;
 use crate::util::{human, open_volume, parse_size};
 use anyhow::{bail, Context, Result};
 use squeeze_engine::{default_policy, CreateOptions, EngineError, Volume, VolumeStats};
-use squeeze_nbd::{BlockDevice, Export, Listener, Server, ServerConfig};
+use squeeze_nbd::{BlockDevice, Export, IpNet, Listener, Server, ServerConfig, TlsConfig, TlsMode};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -49,6 +57,61 @@ pub struct Args {
     /// NBD worker threads (requests executed at once, over all connections).
     #[arg(long)]
     pub workers: Option<usize>,
+    /// Server certificate chain (PEM, leaf first) for TLS (NBD_OPT_STARTTLS).
+    /// With --tls-key; TLS is then required unless --tls-mode allow.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key of the server certificate (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// off: no TLS; allow: offer TLS, serve plaintext clients too; require:
+    /// refuse every option but STARTTLS (NBD_REP_ERR_TLS_REQD) until TLS is up.
+    /// Default: require with --tls-cert, off without.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub tls_mode: Option<TlsModeArg>,
+    /// Require TLS clients to present a certificate signed by a CA in FILE
+    /// (PEM); the only client authentication NBD has.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Export allow-list (repeatable): only these exports are listed and
+    /// selectable; others are refused as unknown. Default: every export.
+    #[arg(long = "allow-export", value_name = "NAME")]
+    pub allow_export: Vec<String>,
+    /// Client address allow-list for TCP (repeatable, CIDR like 10.0.0.0/8 or
+    /// a single address); others are closed on accept. Unix socket clients are
+    /// always allowed (the socket is mode 0600). Default: any address.
+    #[arg(long = "allow", value_name = "ADDR[/LEN]", value_parser = parse_net)]
+    pub allow: Vec<IpNet>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TlsModeArg {
+    Off,
+    Allow,
+    Require,
+}
+
+fn parse_net(s: &str) -> Result<IpNet, String> {
+    s.parse()
+}
+
+/// The TLS settings the flags ask for.
+fn tls_config(a: &Args) -> Result<Option<TlsConfig>> {
+    let mode = match (a.tls_mode, &a.tls_cert) {
+        (Some(TlsModeArg::Off), Some(_)) => {
+            bail!("--tls-mode off with --tls-cert: drop one of them")
+        }
+        (Some(TlsModeArg::Off), None) | (None, None) => return Ok(None),
+        (Some(_), None) => bail!("--tls-mode allow/require needs --tls-cert and --tls-key"),
+        (Some(TlsModeArg::Allow), Some(_)) => TlsMode::Allow,
+        (Some(TlsModeArg::Require) | None, Some(_)) => TlsMode::Require,
+    };
+    let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) else {
+        bail!("--tls-cert and --tls-key go together");
+    };
+    let c = TlsConfig::from_pem_files(cert, key, a.tls_client_ca.as_deref(), mode)
+        .map_err(|e| anyhow::anyhow!("loading TLS certificates: {e}"))?;
+    Ok(Some(c))
 }
 
 /// The engine volume as an NBD block device.
@@ -118,6 +181,8 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
+    // Bad TLS flags or files fail before any volume is opened or created.
+    let tls = tls_config(&a)?;
     let paths = if a.paths.is_empty() {
         vec![PathBuf::from(DEFAULT_DIR).join("default.sqz")]
     } else {
@@ -145,6 +210,31 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if let Some(w) = a.workers {
         config.workers = w.max(1);
     }
+    config.tls = tls;
+    if !a.allow_export.is_empty() {
+        for n in &a.allow_export {
+            if !devices.iter().any(|(d, _)| d == n) {
+                bail!(
+                    "--allow-export {n:?}: no such export (exports: {})",
+                    devices
+                        .iter()
+                        .map(|d| d.0.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        config.allowed_exports = Some(a.allow_export.clone());
+    }
+    if !a.allow.is_empty() {
+        config.allowed_peers = Some(a.allow.clone());
+    }
+    let tls_mode = config.tls.as_ref().map(|t| t.mode());
+    let visible: Vec<String> = devices
+        .iter()
+        .map(|d| d.0.clone())
+        .filter(|n| a.allow_export.is_empty() || a.allow_export.contains(n))
+        .collect();
     let server = Server::with_config(exports, config).map_err(|e| anyhow::anyhow!("{e}"))?;
 
     let mut listeners = Vec::new();
@@ -191,7 +281,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     drop(stats_devices);
 
-    print_connect_help(&listeners, &devices, &control_path, a.metrics.as_deref());
+    print_connect_help(
+        &listeners,
+        &visible,
+        tls_mode,
+        &control_path,
+        a.metrics.as_deref(),
+    );
 
     // Signals: stop accepting, let in-flight requests finish.
     let handle = server.shutdown_handle();
@@ -261,30 +357,58 @@ pub fn run(a: Args) -> Result<ExitCode> {
 
 fn print_connect_help(
     listeners: &[Listener],
-    devices: &[(String, Arc<VolumeDevice>)],
+    exports: &[String],
+    tls: Option<TlsMode>,
     control: &Path,
     metrics: Option<&str>,
 ) {
-    let first = &devices[0].0;
+    let first = &exports[0];
+    // libnbd spells TLS with an "s"; qemu needs a tls-creds object.
     for l in listeners {
-        let uri = match l {
+        let (uri, tls_uri, qemu_tls) = match l {
             Listener::Tcp(t) => {
                 let a = t
                     .local_addr()
                     .map_or_else(|_| DEFAULT_LISTEN.into(), |a| a.to_string());
-                format!("nbd://{a}/{first}")
+                let (host, port) = a.rsplit_once(':').unwrap_or((&a, "10809"));
+                (
+                    format!("nbd://{a}/{first}"),
+                    format!("nbds://{a}/{first}?tls-certificates=CERTDIR"),
+                    format!("driver=nbd,server.type=inet,server.host={host},server.port={port},export={first},tls-creds=tls0"),
+                )
             }
-            Listener::Unix(_, p) => format!("nbd+unix:///{first}?socket={}", p.display()),
+            Listener::Unix(_, p) => (
+                format!("nbd+unix:///{first}?socket={}", p.display()),
+                format!(
+                    "nbds+unix:///{first}?socket={}&tls-certificates=CERTDIR",
+                    p.display()
+                ),
+                format!(
+                    "driver=nbd,server.type=unix,server.path={},export={first},tls-creds=tls0,tls-hostname=localhost",
+                    p.display()
+                ),
+            ),
         };
         eprintln!("squeeze serve: listening on {}", l.describe());
-        eprintln!(
-            "  exports: {}",
-            devices
-                .iter()
-                .map(|d| d.0.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        eprintln!("  exports: {}", exports.join(", "));
+        if let Some(mode) = tls {
+            let m = if mode == TlsMode::Require {
+                "required"
+            } else {
+                "offered"
+            };
+            eprintln!(
+                "  TLS {m}; CERTDIR holds ca-cert.pem (and client-cert.pem, client-key.pem);"
+            );
+            eprintln!("  qemu's tls-hostname is a name in the server certificate");
+            eprintln!("  nbdinfo '{tls_uri}'");
+            eprintln!(
+                "  qemu-img info --object tls-creds-x509,id=tls0,endpoint=client,dir=CERTDIR --image-opts '{qemu_tls}'"
+            );
+            if mode == TlsMode::Require {
+                continue;
+            }
+        }
         eprintln!("  qemu-img info '{uri}'");
         eprintln!("  qemu-io -f raw '{uri}' -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'");
         eprintln!("  nbdinfo --map '{uri}'");
@@ -548,4 +672,16 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
     );
     let _ = srv;
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NBD has no authentication: without --listen, TCP is loopback only.
+    #[test]
+    fn default_listen_address_is_loopback() {
+        let a: std::net::SocketAddr = DEFAULT_LISTEN.parse().unwrap();
+        assert!(a.ip().is_loopback());
+    }
 }

@@ -546,3 +546,72 @@ pub fn live_stats(srv: &Serve) -> serde_json::Value {
         .and_then(|m| m.values().next().cloned())
         .unwrap_or_else(|| panic!("no volume in {out}"))
 }
+
+/// TLS material made with the openssl CLI in `dir`, laid out as qemu's
+/// `tls-creds-x509` (endpoint=client) and libnbd's `tls-certificates`
+/// want it: ca-cert.pem, server-cert.pem and server-key.pem (for
+/// `localhost` and 127.0.0.1), client-cert.pem and client-key.pem, all
+/// signed by a fresh CA. False (a loud skip, a failure under CI=true) if
+/// openssl is missing.
+pub fn tls_certs(dir: &Path) -> bool {
+    if !have_tool("openssl") {
+        return false;
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    let script = r#"
+set -e
+cd "$1"
+openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=squeeze test CA" \
+  -keyout ca-key.pem -out ca-cert.pem \
+  -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
+for who in server client; do
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout $who-key.pem -out $who.csr
+  if [ $who = server ]; then eku=serverAuth; else eku=clientAuth; fi
+  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=%s\n' $eku > $who.ext
+  openssl x509 -req -in $who.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateserial \
+    -days 3650 -extfile $who.ext -out $who-cert.pem
+done
+"#;
+    run(Command::new("sh").arg("-c").arg(script).arg("sh").arg(dir));
+    true
+}
+
+/// libnbd's URI for export `name` on a Unix socket, over TLS with the
+/// certificates in `certs`.
+pub fn nbds_uri(socket: &Path, name: &str, certs: &Path) -> String {
+    format!(
+        "nbds+unix:///{name}?socket={}&tls-certificates={}",
+        socket.display(),
+        certs.display()
+    )
+}
+
+/// qemu's `--object` for client TLS credentials from `certs` (id tls0).
+pub fn qemu_tls_object(certs: &Path) -> String {
+    format!(
+        "tls-creds-x509,id=tls0,endpoint=client,dir={}",
+        certs.display()
+    )
+}
+
+/// qemu's `--image-opts` for export `name` on a Unix socket over TLS (a
+/// Unix socket has no host name, so the certificate's is given).
+pub fn qemu_tls_image(socket: &Path, name: &str) -> String {
+    format!(
+        "driver=nbd,server.type=unix,server.path={},export={name},tls-creds=tls0,tls-hostname=localhost",
+        socket.display()
+    )
+}
+
+/// qemu-io over TLS; returns (success, output) like `qemu_io`.
+pub fn qemu_io_tls(certs: &Path, socket: &Path, name: &str, cmds: &[&str]) -> (bool, String) {
+    let mut cmd = timed("qemu-io");
+    cmd.arg("--object")
+        .arg(qemu_tls_object(certs))
+        .arg("--image-opts");
+    for c in cmds {
+        cmd.arg("-c").arg(c);
+    }
+    cmd.arg(qemu_tls_image(socket, name));
+    run_any(&mut cmd)
+}
