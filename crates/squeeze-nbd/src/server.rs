@@ -47,7 +47,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
 use crate::access::IpNet;
@@ -58,6 +57,49 @@ use crate::reply;
 use crate::request::{self, Command, Payload, RequestContext};
 use crate::stats::{Counters, ServerStats};
 use crate::tls::{self, TlsConfig};
+
+/// The workers' job queue: unbounded (each connection bounds what it
+/// dispatches), and idle workers sleep on a condition variable at once
+/// rather than spinning, which on a small machine would take CPU from the
+/// engine's compression.
+#[derive(Default)]
+struct JobQueue {
+    state: Mutex<(std::collections::VecDeque<Job>, bool)>,
+    ready: Condvar,
+}
+
+impl JobQueue {
+    /// Queues a job; gives it back if the queue is closed.
+    fn push(&self, job: Job) -> Result<(), Job> {
+        let mut s = self.state.lock();
+        if s.1 {
+            return Err(job);
+        }
+        s.0.push_back(job);
+        drop(s);
+        self.ready.notify_one();
+        Ok(())
+    }
+
+    /// The next job; None once closed and drained.
+    fn pop(&self) -> Option<Job> {
+        let mut s = self.state.lock();
+        loop {
+            if let Some(j) = s.0.pop_front() {
+                return Some(j);
+            }
+            if s.1 {
+                return None;
+            }
+            self.ready.wait(&mut s);
+        }
+    }
+
+    fn close(&self) {
+        self.state.lock().1 = true;
+        self.ready.notify_all();
+    }
+}
 
 /// One export: a named device.
 pub struct Export {
@@ -306,13 +348,21 @@ pub struct ShutdownHandle {
     inner: Arc<Inner>,
 }
 
+impl Drop for Inner {
+    /// The last reference to the server is gone: let the workers finish
+    /// what is queued and exit.
+    fn drop(&mut self) {
+        self.jobs.close();
+    }
+}
+
 struct Inner {
     exports: Vec<Export>,
     /// Per export: on the allow-list (all true without one).
     visible: Vec<bool>,
     config: ServerConfig,
     counters: Arc<Counters>,
-    jobs: Sender<Job>,
+    jobs: Arc<JobQueue>,
     shutting_down: AtomicBool,
     /// Written once on shutdown; every accept loop polls the other end.
     wake_tx: UnixStream,
@@ -375,13 +425,13 @@ impl Server {
         if !visible.contains(&true) {
             return Err(ServerError::Config("the export allow-list is empty"));
         }
-        let (jobs, rx) = crossbeam_channel::unbounded::<Job>();
+        let jobs = Arc::new(JobQueue::default());
         for i in 0..config.workers {
-            let rx: Receiver<Job> = rx.clone();
+            let q = Arc::clone(&jobs);
             std::thread::Builder::new()
                 .name(format!("nbd-worker-{i}"))
                 .spawn(move || {
-                    for job in rx {
+                    while let Some(job) = q.pop() {
                         run_job(job);
                     }
                 })?;
@@ -1003,9 +1053,8 @@ fn transmission<R: Read>(
             payload,
             cost_bytes,
         };
-        if let Err(e) = inner.jobs.send(job) {
+        if let Err(job) = inner.jobs.push(job) {
             // Workers gone: cannot happen while `inner` lives; answer anyway.
-            let job = e.into_inner();
             conn.send(
                 reply::error(conn.structured, job.cookie, ESHUTDOWN, "server stopping"),
                 Some(job.cost_bytes),
