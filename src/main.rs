@@ -48,7 +48,20 @@ enum Command {
     Tco(cmd::tco::Args),
 }
 
+/// Keeps large buffers (a request's data, a batch's compressed output) in
+/// the heap instead of fresh mmaps: every fresh mapping costs page faults
+/// and zeroing on each request, measured at a quarter of the write path's
+/// CPU.
+fn tune_allocator() {
+    // SAFETY: mallopt only adjusts glibc's allocator parameters.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+    }
+}
+
 fn main() -> ExitCode {
+    tune_allocator();
     let cli = Cli::parse();
     util::init_logging(cli.verbose);
     let res = match cli.command {
