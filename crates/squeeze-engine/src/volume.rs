@@ -70,11 +70,16 @@ impl CreateOptions {
     }
 }
 
-/// The default policy (see docs/ARCHITECTURE.md for the measurements).
+/// The default policy: zstd level 1, aggressive, BlueStore's 0.875 required
+/// ratio, blobs of 4 to 64 KiB. Measured here (docs/benchmarks.md): on real
+/// files zstd:1 stores 27% less than lz4 (ratio 2.56 against 2.02 on the
+/// benchmark tar) while still writing faster than qemu-nbd on a raw file
+/// (1030 against 662-807 MB/s on 2 cores); 64 KiB blobs keep 4 KiB random
+/// reads above raw's IOPS, 128 KiB would halve them for 1.5% more ratio.
 pub fn default_policy() -> Policy {
     Policy {
-        codec: CodecId::Lz4,
-        level: 0,
+        codec: CodecId::Zstd,
+        level: 1,
         mode: CompressionMode::Aggressive,
         required_ratio_ppm: 875_000,
         min_blob: 4096,

@@ -172,6 +172,8 @@ fn cleaning_races_with_writers_and_survives_a_crash() {
 #[test]
 fn recompression_when_cleaning_is_counted() {
     let mut p = default_policy();
+    p.codec = CodecId::Lz4;
+    p.level = 0;
     p.recompress_codec = CodecId::Zstd;
     p.recompress_level = 9;
     let (_s, v) = sim_volume(32 * MIB, Some(p));
