@@ -16,6 +16,7 @@ fn fio(srv: &TestServer, name: &str, rw: &str, bs: &str, size: &str) {
         .arg(format!("--size={size}"))
         .arg("--verify=crc32c")
         .arg("--verify_fatal=1")
+        .arg("--verify_state_save=0")
         .arg("--do_verify=1")
         .arg("--output-format=terse"));
     assert!(!out.contains("verify:"), "{out}");
