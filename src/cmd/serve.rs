@@ -451,7 +451,26 @@ fn stats_json(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> serde_json:
             serde_json::to_value(d.vol.stats()).expect("stats"),
         );
     }
-    serde_json::json!({ "volumes": m, "server": format!("{:?}", srv.stats()) })
+    serde_json::json!({ "volumes": m, "server": server_json(&srv.stats()) })
+}
+
+/// The NBD server's counters as JSON.
+fn server_json(s: &squeeze_nbd::ServerStats) -> serde_json::Value {
+    let r = &s.requests;
+    serde_json::json!({
+        "connections_open": s.connections_open,
+        "connections_total": s.connections_total,
+        "requests_in_flight": s.requests_in_flight,
+        "bytes_read": s.bytes_read,
+        "bytes_written": s.bytes_written,
+        "errors": s.errors,
+        "protocol_errors": s.protocol_errors,
+        "requests": {
+            "read": r.read, "write": r.write, "flush": r.flush, "trim": r.trim,
+            "write_zeroes": r.write_zeroes, "block_status": r.block_status,
+            "disc": r.disc, "other": r.other,
+        },
+    })
 }
 
 fn control_loop(
@@ -670,7 +689,49 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
         "gauge",
         |s: &VolumeStats| u32::from(s.read_only_reason.is_some())
     );
-    let _ = srv;
+    let n = srv.stats();
+    for (name, help, kind, v) in [
+        (
+            "nbd_connections_open",
+            "NBD connections open.",
+            "gauge",
+            n.connections_open,
+        ),
+        (
+            "nbd_connections_total",
+            "NBD connections accepted.",
+            "counter",
+            n.connections_total,
+        ),
+        (
+            "nbd_requests_in_flight",
+            "NBD requests being served.",
+            "gauge",
+            n.requests_in_flight,
+        ),
+        (
+            "nbd_requests_total",
+            "NBD requests received.",
+            "counter",
+            n.requests.total(),
+        ),
+        (
+            "nbd_errors_total",
+            "NBD requests answered with an error.",
+            "counter",
+            n.errors,
+        ),
+        (
+            "nbd_protocol_errors_total",
+            "NBD connections closed for a protocol violation.",
+            "counter",
+            n.protocol_errors,
+        ),
+    ] {
+        out.push_str(&format!(
+            "# HELP squeeze_{name} {help}\n# TYPE squeeze_{name} {kind}\nsqueeze_{name} {v}\n"
+        ));
+    }
     out
 }
 
