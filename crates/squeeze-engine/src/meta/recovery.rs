@@ -291,31 +291,47 @@ fn scan_forward(
     let seg_start = sb.segment_offset(seg);
     let seg_end = seg_start + seg_size;
     let from = squeeze_format::align_record(pos + 1);
-    if from + RECORD_HEADER_SIZE as u64 > seg_end {
-        return Ok(None);
-    }
-    let mut rest = vec![0u8; (seg_end - from) as usize];
-    storage.read_at(&mut rest, from)?;
-    let mut off = 0usize;
-    while off + RECORD_HEADER_SIZE <= rest.len() {
-        if let Ok(h) = RecordHeader::decode(&rest[off..off + RECORD_HEADER_SIZE]) {
-            let len = h.record_len() as usize;
-            let ok = h.uuid == sb.uuid
-                && h.seq >= min_seq
-                && h.kind != RecordKind::SegmentHeader
-                && off + len <= rest.len()
-                && h.lba + u64::from(h.sectors) <= sb.sectors()
-                && verify_payload(
-                    &h,
-                    &rest[off + RECORD_HEADER_SIZE
-                        ..off + RECORD_HEADER_SIZE + h.stored_len as usize],
-                )
-                .is_ok();
-            if ok {
-                return Ok(Some((from + off as u64, h.seq)));
+    // Read in windows (a gap is usually followed closely by the next
+    // record), each overlapping the next by a whole record.
+    const WINDOW: u64 = 1 << 20;
+    let overlap = squeeze_format::MAX_RECORD_BYTES.div_ceil(16) * 16;
+    let mut start = from;
+    let mut buf = Vec::new();
+    while start + RECORD_HEADER_SIZE as u64 <= seg_end {
+        let end = (start + WINDOW + overlap).min(seg_end);
+        buf.resize((end - start) as usize, 0);
+        storage.read_at(&mut buf, start)?;
+        // Probe offsets in [start, start + WINDOW) (all of them in the last window).
+        let probe_end = if end == seg_end {
+            buf.len()
+        } else {
+            WINDOW as usize
+        };
+        let mut off = 0usize;
+        while off < probe_end && off + RECORD_HEADER_SIZE <= buf.len() {
+            if let Ok(h) = RecordHeader::decode(&buf[off..off + RECORD_HEADER_SIZE]) {
+                let len = h.record_len() as usize;
+                let ok = h.uuid == sb.uuid
+                    && h.seq >= min_seq
+                    && h.kind != RecordKind::SegmentHeader
+                    && off + len <= buf.len()
+                    && h.lba + u64::from(h.sectors) <= sb.sectors()
+                    && verify_payload(
+                        &h,
+                        &buf[off + RECORD_HEADER_SIZE
+                            ..off + RECORD_HEADER_SIZE + h.stored_len as usize],
+                    )
+                    .is_ok();
+                if ok {
+                    return Ok(Some((start + off as u64, h.seq)));
+                }
             }
+            off += squeeze_format::RECORD_ALIGN as usize;
         }
-        off += squeeze_format::RECORD_ALIGN as usize;
+        if end == seg_end {
+            break;
+        }
+        start += WINDOW;
     }
     Ok(None)
 }
