@@ -78,8 +78,14 @@ fn stats_and_metrics_grow_while_serving() {
         v["volumes"]["vol"]["bytes_written"].as_u64().unwrap() >= after,
         "{v}"
     );
-    assert!(v["server"]["requests"]["write"].as_u64().unwrap() > 0, "{v}");
-    assert!(v["server"]["connections_open"].as_u64().unwrap() >= 1, "{v}");
+    assert!(
+        v["server"]["requests"]["write"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    assert!(
+        v["server"]["connections_open"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
     assert!(m1.contains("squeeze_nbd_requests_total "), "{m1}");
     assert!(http_get(&addr, "/nope").starts_with("HTTP/1.0 404"));
     c.disconnect();
