@@ -143,12 +143,17 @@ impl C {
     }
 
     fn send_option(&mut self, opt: u32, data: &[u8]) {
+        self.try_send_option(opt, data).unwrap();
+    }
+
+    /// Sends an option; the server may already have closed the connection.
+    fn try_send_option(&mut self, opt: u32, data: &[u8]) -> std::io::Result<()> {
         let mut b = IHAVEOPT.to_be_bytes().to_vec();
         b.extend_from_slice(&opt.to_be_bytes());
         b.extend_from_slice(&(data.len() as u32).to_be_bytes());
         b.extend_from_slice(data);
-        self.s.write_all(&b).unwrap();
-        self.s.flush().unwrap();
+        self.s.write_all(&b)?;
+        self.s.flush()
     }
 
     /// Replies to one option, up to its ACK or error: (type, data).
@@ -359,8 +364,10 @@ fn garbage_instead_of_a_client_hello_closes_only_that_connection() {
     let mut c = C::connect(&srv);
     c.start();
     assert_eq!(c.option(OPT_STARTTLS, &[]), REP_ACK);
-    c.s.write_all(&IHAVEOPT.to_be_bytes()).unwrap();
-    c.s.write_all(&[0u8; 64]).unwrap();
+    // The server may reject the bytes (and close) before all are sent: a
+    // broken pipe here is the behaviour under test, not a failure.
+    let _ = c.s.write_all(&IHAVEOPT.to_be_bytes());
+    let _ = c.s.write_all(&[0u8; 64]);
     // At most a TLS alert comes back, then the end of the stream.
     let mut rest = Vec::new();
     let _ = c.s.read_to_end(&mut rest);
@@ -391,9 +398,11 @@ fn client_certificates_when_a_client_ca_is_given() {
     let mut c = C::connect(&srv);
     c.start();
     c.starttls(certs.client_config(false));
-    c.send_option(OPT_LIST, &[]);
+    // The server refuses the handshake and closes: the write may already
+    // fail (broken pipe), and nothing is ever answered.
+    let sent = c.try_send_option(OPT_LIST, &[]);
     assert!(
-        c.read_n(20).is_err(),
+        sent.is_err() || c.read_n(20).is_err(),
         "served a client without a certificate"
     );
 }
