@@ -207,6 +207,10 @@ pub(crate) struct Inner {
     pub ckpt_history: Mutex<CheckpointHistory>,
     /// One cleaner at a time (background, foreground or compact).
     pub cleaner_lock: Mutex<()>,
+    /// The segment the cleaner is working on: a checkpoint does not free it
+    /// (its offsets must not be reused while relocations of it are being
+    /// installed); the next checkpoint does.
+    pub cleaning: Mutex<Option<SegmentId>>,
     pub counters: Counters,
     pub poisoned: Mutex<Option<String>>,
     pub read_only: bool,
@@ -402,6 +406,7 @@ impl Volume {
                 prev_head_seq: u64::MAX,
             }),
             cleaner_lock: Mutex::new(()),
+            cleaning: Mutex::new(None),
             counters: Counters::default(),
             poisoned: Mutex::new(None),
             read_only: open.read_only,

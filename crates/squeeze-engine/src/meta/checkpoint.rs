@@ -140,10 +140,8 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         std::mem::replace(&mut h.older_segments, old.segments)
     };
     free.extend(freeable);
-    release(inner, &free);
-    inner
-        .counters
-        .add(Counter::SegmentsReclaimed, free.len() as u64);
+    let freed = release(inner, &free);
+    inner.counters.add(Counter::SegmentsReclaimed, freed);
     Ok(())
 }
 
@@ -178,18 +176,26 @@ fn allocate_segments(inner: &Inner, n: u64, len: u64) -> Result<Vec<SegmentId>> 
     Ok(segs)
 }
 
-/// Returns segments to the free list and punches them out of the file.
-pub(crate) fn release(inner: &Inner, segs: &[SegmentId]) {
+/// Returns segments to the free list and punches them out of the file;
+/// returns how many were freed.
+pub(crate) fn release(inner: &Inner, segs: &[SegmentId]) -> u64 {
     if segs.is_empty() {
-        return;
+        return 0;
     }
+    let mut freed = 0;
     let _gate = inner.gate.write();
     let mut log = inner.log.lock();
+    let busy = *inner.cleaning.lock();
     for &s in segs {
+        if Some(s) == busy {
+            continue; // being cleaned: freed by the next checkpoint
+        }
         let off = DATA_START + u64::from(s) * inner.seg_size;
         if let Err(e) = inner.storage.punch(off, inner.seg_size) {
             tracing::warn!("punching segment {s}: {e}");
         }
         log.table.set(s, SegState::Free);
+        freed += 1;
     }
+    freed
 }

@@ -142,7 +142,11 @@ struct Run {
 /// Relocates everything still live in segment `s`.
 pub(crate) fn clean_segment(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
     let t0 = std::time::Instant::now();
+    // Announce the victim before looking at it: a checkpoint freeing it from
+    // now on leaves it alone (see `Inner::cleaning`).
+    *inner.cleaning.lock() = Some(s);
     let r = clean_segment_inner(inner, s);
+    *inner.cleaning.lock() = None;
     inner.counters.add(
         crate::stats::Counter::CleanerNs,
         t0.elapsed().as_nanos() as u64,
