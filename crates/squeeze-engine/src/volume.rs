@@ -568,12 +568,13 @@ impl Volume {
             let mut tmp = vec![0u8; ((last - first) * SECTOR) as usize];
             let head_partial = !offset.is_multiple_of(SECTOR);
             let tail_partial = !(offset + data.len() as u64).is_multiple_of(SECTOR);
-            self.read_sectors(first, &mut tmp[..SECTOR_SIZE])?;
-            if last - first > 1 && tail_partial {
+            // Only the partial edge sectors are read (a single sector once).
+            if head_partial {
+                self.read_sectors(first, &mut tmp[..SECTOR_SIZE])?;
+            }
+            if tail_partial && (last - first > 1 || !head_partial) {
                 let t = tmp.len() - SECTOR_SIZE;
                 self.read_sectors(last - 1, &mut tmp[t..])?;
-            } else if !head_partial && tail_partial {
-                // single sector, aligned start: already read above
             }
             let skip = (offset - first * SECTOR) as usize;
             tmp[skip..skip + data.len()].copy_from_slice(data);

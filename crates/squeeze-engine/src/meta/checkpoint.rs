@@ -36,7 +36,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         return Err(EngineError::ReadOnly(why));
     }
     // 1. Snapshot at the head.
-    let (snapshot, usage, head_offset, next_seq, freeable, generation, new_head_seq) = {
+    let (snapshot, head_offset, next_seq, freeable, generation, new_head_seq) = {
         let mut log = inner.log.lock();
         let t = inner.tickets.issued();
         inner.tickets.wait_below(t);
@@ -67,7 +67,6 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         };
         (
             st.map.snapshot(),
-            st.usage.live_bytes,
             log.head_offset,
             log.next_seq,
             freeable,
@@ -75,7 +74,6 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
             new_head_seq,
         )
     };
-    let _ = usage;
     let fail = |e: EngineError| {
         inner.poison(&e);
         e

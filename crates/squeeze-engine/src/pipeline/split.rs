@@ -16,11 +16,6 @@ pub enum Piece {
     },
 }
 
-/// True when `data` holds only zero bytes (word-at-a-time, vectorised).
-pub fn is_zero(data: &[u8]) -> bool {
-    sector_is_zero(data)
-}
-
 /// Splits `buf` (whole sectors starting at `lba`).
 pub fn split(buf: &[u8], lba: u64, max_blob_sectors: u32) -> Vec<Piece> {
     assert!(buf.len().is_multiple_of(SECTOR_SIZE) && max_blob_sectors >= 1);
@@ -112,8 +107,8 @@ mod tests {
                 },
             ]
         );
-        assert!(is_zero(&[0; 100]));
-        assert!(!is_zero(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 1]));
+        assert!(sector_is_zero(&[0; 100]));
+        assert!(!sector_is_zero(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 1]));
         let mut s = vec![0u8; SECTOR_SIZE];
         assert!(sector_is_zero(&s));
         s[SECTOR_SIZE - 1] = 1;
