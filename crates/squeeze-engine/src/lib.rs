@@ -31,17 +31,3 @@ pub use squeeze_format::{CodecId, CompressionMode, Policy, SECTOR_SIZE};
 pub use stats::VolumeStats;
 pub use storage::{FileStorage, SimFaults, SimStorage, Storage};
 pub use volume::{default_policy, CreateOptions, OpenOptions, Volume};
-
-/// CPU time of the calling thread, in nanoseconds.
-pub fn cpu_time_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we pass.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}

@@ -32,7 +32,8 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use squeeze_codec::{CompressEngine, CpuPool};
 use squeeze_format::{
     checksum, CheckpointRef, CodecId, CompressionMode, MapEntry, Policy, RecordHeader, RecordKind,
-    Superblock, DATA_START, MAX_BACKING_BYTES, RECORD_HEADER_SIZE, SECTOR_SIZE,
+    Superblock, DATA_START, MAX_BACKING_BYTES, RECORD_HEADER_SIZE, SECTOR_SIZE, SUPERBLOCK_SIZE,
+    SUPERBLOCK_SLOTS,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -303,7 +304,9 @@ impl Volume {
                 "the backing store is not empty; refusing to overwrite it".into(),
             ));
         }
-        storage.allocate(0, DATA_START)?;
+        // Only the superblock slots: the rest of the first MiB stays a hole
+        // (du would count 1 MiB of unwritten blocks otherwise).
+        storage.allocate(0, SUPERBLOCK_SIZE as u64 * SUPERBLOCK_SLOTS)?;
         let mut table = SegmentTable::new(max_segments(&sb));
         // Segment 0 opens the log.
         table.set(0, SegState::Log { opened_seq: 1 });
@@ -990,7 +993,8 @@ pub(crate) fn read_extent(inner: &Inner, e: MapEntry, lba: u64, out: &mut [u8]) 
             out.copy_from_slice(&payload[first..first + out.len()]);
             return Ok(());
         }
-        let t0 = crate::cpu_time_ns();
+        // Monotonic time around the codec call (see squeeze_codec::run_job).
+        let t0 = std::time::Instant::now();
         let res = if first == 0 && out.len() == h.raw_len() {
             squeeze_codec::decompress(h.codec, payload, out)
         } else {
@@ -1005,7 +1009,7 @@ pub(crate) fn read_extent(inner: &Inner, e: MapEntry, lba: u64, out: &mut [u8]) 
         };
         inner.counters.add(
             Counter::DecompressNs,
-            crate::cpu_time_ns().saturating_sub(t0),
+            u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
         );
         res.map_err(|source| {
             inner.counters.add(Counter::ChecksumErrors, 1);
