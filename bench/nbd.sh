@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # bench/nbd.sh — `squeeze serve` against qemu-nbd, end to end over NBD, with the shared peer
 # harness (../shared/bench/run.sh: read its header and README for the workloads and columns).
+# For the whole report (these peers plus btrfs, zram, the in-process engine bench and scan,
+# with tables and charts written into docs/benchmarks.md) use bench/report.sh.
 #
 #   sudo bench/nbd.sh                      # build release, run both passes, print both tables
 #   FIO_SIZE=1g REPS=2 sudo bench/nbd.sh   # smaller / repeated (every run.sh setting passes through)
 #
 # Pass 1 ("compress"): PEERS="nbd-raw nbd-qcow2-compress custom", the custom peer being
-#   `squeeze serve` with its default policy (lz4, aggressive), so the raw qemu-nbd baseline, the
-#   compressing qcow2 and squeeze are measured in the same run (issue 3's targets compare rows of
-#   one run only).
+#   `squeeze serve` with its default policy (zstd:1, aggressive, required ratio 0.875, blobs
+#   4K-64K), so the raw qemu-nbd baseline, the compressing qcow2 and squeeze are measured in the
+#   same run (issue 3's targets compare rows of one run only).
 # Pass 2 ("none"): PEERS="nbd-raw custom" with squeeze created by serve with `--mode none`
 #   (no codec, zero detection only), against a fresh qemu-nbd raw baseline in the same run.
-# Optional pass "zstd" (PASSES="compress none zstd"): PEERS="nbd-qcow2-compress custom" with
-#   squeeze on `--algorithm zstd:1`, the codec the qcow2 peer uses, to compare ratios like for like.
+# Optional passes (e.g. PASSES="compress none lz4"):
+#   "lz4":  PEERS="nbd-raw custom" with squeeze on `--algorithm lz4` (the faster, lower-ratio codec);
+#   "zstd": PEERS="nbd-qcow2-compress custom" with squeeze on `--algorithm zstd:1`, the codec the
+#           qcow2 peer uses (the same as the default policy since zstd:1 became the default).
 #
 # Workloads (fio 3.33 ioengine=nbd, data 60% compressible per 4 KiB chunk, refilled per I/O):
 #   W1 128k sequential write of FIO_SIZE at QD128, 128k sequential read QD128, 4k random read
@@ -20,54 +24,37 @@
 #   /usr (real files) onto a fresh volume.
 # Physical bytes of squeeze: `du` of its data dir (the sparse volume file), as for every peer.
 #
-# Env: SQUEEZE_SERVE_ARGS (extra `serve` options for both passes, e.g. "--workers 8"),
+# Env: SQUEEZE_SERVE_ARGS (extra `serve` options for every pass, e.g. "--workers 8"),
 #      HARNESS (../shared/bench/run.sh), CARGO_TARGET_DIR (target), OUT_BASE
 #      (/tmp/squeeze-nbd-bench.<time>), PASSES ("compress none"); plus run.sh's own
 #      (REPS, FIO_SIZE, FIO_RT_SEQ, FIO_RT_RAND, ...). Needs root (run.sh requires it).
 # Output: each pass's CSV and markdown table under $OUT_BASE/<pass>/, both tables on stdout.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-HARNESS=${HARNESS:-$ROOT/../shared/bench/run.sh}
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+SQ_PROG=bench/nbd.sh
+# shellcheck source=bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
 OUT_BASE=${OUT_BASE:-/tmp/squeeze-nbd-bench.$(date +%Y%m%d-%H%M%S)}
 PASSES=${PASSES:-compress none}
 
-[[ -x $HARNESS ]] || { echo "bench/nbd.sh: no harness at $HARNESS" >&2; exit 1; }
-[[ $(id -u) == 0 ]] || { echo "bench/nbd.sh: run.sh needs root" >&2; exit 1; }
-
-echo "bench/nbd.sh: building the release binary in $TARGET" >&2
-(cd "$ROOT" && CARGO_TARGET_DIR=$TARGET cargo build --release --quiet --bin squeeze)
-BIN=$TARGET/release/squeeze
-[[ -x $BIN ]] || { echo "bench/nbd.sh: no binary at $BIN" >&2; exit 1; }
-export BIN
+[[ $(id -u) == 0 ]] || sq_die "run.sh needs root"
+sq_need_tools
+sq_build
 
 mkdir -p "$OUT_BASE"
-{
-  echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (dirty)')"
-  echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') x $(nproc)"
-  echo "mem: $(free -g | awk '/^Mem:/{print $2}') GiB; kernel $(uname -r)"
-  echo "squeeze: $("$BIN" --version); serve args: ${SQUEEZE_SERVE_ARGS:-(none)}"
-} | tee "$OUT_BASE/machine.txt" >&2
+sq_machine "$OUT_BASE/machine.txt"
+echo "serve args: ${SQUEEZE_SERVE_ARGS:-(none)}" >>"$OUT_BASE/machine.txt"
+cat "$OUT_BASE/machine.txt" >&2
 
 for pass in $PASSES; do
   case $pass in
-    compress)
-      name=squeeze peers="nbd-raw nbd-qcow2-compress custom" mode_args="" ;;
-    none)
-      name=squeeze-mode-none peers="nbd-raw custom" mode_args="--mode none" ;;
-    zstd)
-      name=squeeze-zstd1 peers="nbd-qcow2-compress custom" mode_args="--algorithm zstd:1" ;;
-    *) echo "bench/nbd.sh: unknown pass $pass (compress, none, zstd)" >&2; exit 1 ;;
+    compress) sq_run_pass "$OUT_BASE/$pass" squeeze "nbd-raw nbd-qcow2-compress custom" ;;
+    none) sq_run_pass "$OUT_BASE/$pass" squeeze-mode-none "nbd-raw custom" --mode none ;;
+    lz4) sq_run_pass "$OUT_BASE/$pass" squeeze-lz4 "nbd-raw custom" --algorithm lz4 ;;
+    zstd) sq_run_pass "$OUT_BASE/$pass" squeeze-zstd1 "nbd-qcow2-compress custom" --algorithm zstd:1 ;;
+    *) sq_die "unknown pass $pass (compress, none, lz4, zstd)" ;;
   esac
-  echo "bench/nbd.sh: pass $pass: PEERS=\"$peers\"" >&2
-  # The server creates its volume (64 GiB thin) in the harness's fresh $PEER_DIR and stays in
-  # the foreground (exec) so that the harness measures its CPU time.
-  PEERS=$peers \
-  PEER_CUSTOM_NAME=$name \
-  PEER_CUSTOM_CMD="exec \"\$BIN\" serve --socket \"\$PEER_SOCK\" --size 64G $mode_args ${SQUEEZE_SERVE_ARGS:-} \"\$PEER_DIR/vol.sqz\"" \
-  OUT=$OUT_BASE/$pass \
-    "$HARNESS" >"$OUT_BASE/$pass.stdout"
 done
 
 for pass in $PASSES; do
@@ -76,4 +63,4 @@ for pass in $PASSES; do
   echo
   cat "$OUT_BASE/$pass/results.md"
 done
-echo "bench/nbd.sh: results under $OUT_BASE" >&2
+sq_log "results under $OUT_BASE"
