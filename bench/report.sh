@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# bench/report.sh — the benchmark report in one command: measure, then write the tables, the
+# charts and the machine description into docs/benchmarks.md (between the lines
+# `<!-- report:begin -->` and `<!-- report:end -->`) and docs/img/bench-*.svg.
+#
+#   sudo bench/report.sh                          # everything at the harness's defaults (~15 min)
+#   REPS=2 sudo bench/report.sh                   # each harness run twice, to see the noise
+#   FIO_SIZE=256m FIO_RT_SEQ=10 FIO_RT_RAND=5 sudo bench/report.sh   # a quick smoke run
+#   REPORT_ONLY=/tmp/squeeze-report.X bench/report.sh   # only regenerate markdown + SVG (no root)
+#
+# Steps (progress on stderr; every raw output kept under $OUT_BASE):
+#   1. build the release binary (CARGO_TARGET_DIR, default target/)
+#   2. check the tools ../shared/bench/run.sh needs; as root, apt-get install the missing ones
+#      (INSTALL=0: only print the apt-get command)
+#   3. one harness run (../shared/bench/run.sh): PEERS="nbd-raw nbd-qcow2-compress
+#      btrfs-zstd1-force zram-lz4 custom", custom = `squeeze serve` with its default policy
+#      -> $OUT_BASE/peers/; then (MODE_NONE=1, the default) a second run, PEERS="nbd-raw custom"
+#      with `squeeze serve --mode none` -> $OUT_BASE/none/. Rows are compared within a run only.
+#   4. the in-process engine bench: `squeeze bench --json --size 1G` (fio-like data) and
+#      `squeeze bench --json --file $TAR` (the harness's W3 tar, whole), and
+#      `squeeze scan --json --full $TAR` -> $OUT_BASE/engine-fio.json, engine-tar.json, scan-tar.json
+#   5. bench/report.py: markdown (also printed on stdout and kept as $OUT_BASE/report.md) and SVG
+#
+# Env: OUT_BASE (/tmp/squeeze-report.<time>), REPORT_ONLY (an existing OUT_BASE: step 5 only),
+#      REPORT_PEERS (the first run's PEERS), MODE_NONE (1), ENGINE (1), SCAN (1),
+#      ENGINE_SIZE (1G), SCAN_ARGS (--full; e.g. "--sample-mib 64" for a quicker scan),
+#      SQUEEZE_SERVE_ARGS (extra `serve` options), DOC (docs/benchmarks.md), IMG_DIR (docs/img),
+#      CARGO_TARGET_DIR, HARNESS, INSTALL (1), BENCH_LOCK (/tmp/bench.lock), SCRATCH_BASE (/tmp);
+#      and every run.sh setting: REPS (1), FIO_SIZE (2g), FIO_RT_SEQ (30), FIO_RT_RAND (20),
+#      TAR (~/.cache/squeeze-bench/usr.tar, built by run.sh on first use), DEV_SIZE, ...
+# Exit status: 0 when every step ran (a peer failing inside the harness is a row, not an error).
+set -euo pipefail
+
+SQ_PROG=bench/report.sh
+# shellcheck source=bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+DOC=${DOC:-$SQ_ROOT/docs/benchmarks.md}
+IMG_DIR=${IMG_DIR:-$SQ_ROOT/docs/img}
+
+report() { # report OUT_BASE
+  sq_log "writing the report from $1 into $DOC and $IMG_DIR"
+  python3 "$SQ_ROOT/bench/report.py" "$1" --doc "$DOC" --img-dir "$IMG_DIR" >"$1/report.md" || return
+  cat "$1/report.md"
+}
+
+if [[ -n ${REPORT_ONLY:-} ]]; then
+  [[ -d $REPORT_ONLY ]] || sq_die "REPORT_ONLY=$REPORT_ONLY is not a directory"
+  report "$REPORT_ONLY"
+  exit 0
+fi
+
+[[ $(id -u) == 0 ]] || sq_die "run as root (the harness needs loop devices, mounts and zram); REPORT_ONLY=DIR does not"
+
+OUT_BASE=${OUT_BASE:-/tmp/squeeze-report.$(date +%Y%m%d-%H%M%S)}
+REPORT_PEERS=${REPORT_PEERS:-nbd-raw nbd-qcow2-compress btrfs-zstd1-force zram-lz4 custom}
+MODE_NONE=${MODE_NONE:-1}
+ENGINE=${ENGINE:-1}
+SCAN=${SCAN:-1}
+ENGINE_SIZE=${ENGINE_SIZE:-1G}
+SCAN_ARGS=${SCAN_ARGS:---full}
+SCRATCH_BASE=${SCRATCH_BASE:-/tmp}
+LOCK=${BENCH_LOCK:-/tmp/bench.lock}
+TAR=${TAR:-${XDG_CACHE_HOME:-$HOME/.cache}/squeeze-bench/usr.tar}
+export TAR SCRATCH_BASE
+
+sq_need_tools
+sq_build
+
+mkdir -p "$OUT_BASE"
+sq_machine "$OUT_BASE/machine.txt" "$SCRATCH_BASE"
+{
+  echo "out_base: $OUT_BASE"
+  echo "settings: REPS=${REPS:-1} FIO_SIZE=${FIO_SIZE:-2g} FIO_RT_SEQ=${FIO_RT_SEQ:-30} FIO_RT_RAND=${FIO_RT_RAND:-20} ENGINE_SIZE=$ENGINE_SIZE SCAN_ARGS=$SCAN_ARGS"
+  echo "serve_args: ${SQUEEZE_SERVE_ARGS:-}"
+} >>"$OUT_BASE/machine.txt"
+cat "$OUT_BASE/machine.txt" >&2
+
+failed=()
+step() { # step NAME COMMAND...: run, log a failure and go on
+  local name=$1 rc=0
+  shift
+  "$@" || rc=$?
+  if ((rc)); then
+    sq_log "step '$name' failed (rc=$rc); continuing"
+    failed+=("$name")
+  fi
+}
+
+# 3. the harness runs
+if [[ $REPORT_PEERS == *zram* && ! -e /sys/class/zram-control ]]; then
+  modprobe zram 2>/dev/null || sq_log "modprobe zram failed; the zram peer may fail"
+fi
+step peers sq_run_pass "$OUT_BASE/peers" squeeze "$REPORT_PEERS"
+if [[ $MODE_NONE == 1 ]]; then
+  step none sq_run_pass "$OUT_BASE/none" squeeze-mode-none "nbd-raw custom" --mode none
+fi
+
+# 4. in-process engine bench and scan, under the harness's lock (one measurement at a time)
+SCRATCH=$(mktemp -d "$SCRATCH_BASE/squeeze-report.XXXXXX")
+trap 'rm -rf "$SCRATCH"' EXIT
+engine() { # engine NAME ARGS...
+  local name=$1
+  shift
+  sq_log "squeeze bench --json $* -> $OUT_BASE/engine-$name.json"
+  flock "$LOCK" "$BIN" bench --json --dir "$SCRATCH" "$@" \
+    >"$OUT_BASE/engine-$name.json" 2>"$OUT_BASE/engine-$name.err"
+}
+scan() {
+  sq_log "squeeze scan --json $SCAN_ARGS $TAR -> $OUT_BASE/scan-tar.json"
+  # shellcheck disable=SC2086 # SCAN_ARGS is a list of options
+  flock "$LOCK" "$BIN" scan --json $SCAN_ARGS "$TAR" >"$OUT_BASE/scan-tar.json" 2>"$OUT_BASE/scan-tar.err"
+}
+if [[ $ENGINE == 1 ]]; then
+  step engine-fio engine fio --size "$ENGINE_SIZE"
+fi
+if [[ ! -s $TAR ]]; then
+  sq_log "no tar at $TAR (the harness builds it on its first run): no engine or scan run on real data"
+  ((ENGINE == 0 && SCAN == 0)) || failed+=(tar)
+else
+  if [[ $ENGINE == 1 ]]; then step engine-tar engine tar --file "$TAR" --size "$(stat -c %s "$TAR")"; fi
+  if [[ $SCAN == 1 ]]; then step scan scan; fi
+fi
+
+# 5. the report
+step report report "$OUT_BASE"
+if ((${#failed[@]})); then
+  sq_log "done with failures in: ${failed[*]}; raw outputs under $OUT_BASE"
+  exit 1
+fi
+sq_log "done; raw outputs under $OUT_BASE; report in $DOC"
