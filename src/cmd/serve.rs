@@ -336,11 +336,27 @@ pub fn run(a: Args) -> Result<ExitCode> {
             eprintln!("squeeze serve: flushing {name}: {e}");
             failed = true;
         }
-        let closed = match Arc::try_unwrap(dev) {
-            // Flush, final checkpoint, clean mark.
-            Ok(d) => d.vol.close(),
-            // Still referenced (should not happen): checkpoint in place.
-            Err(dev) => dev.vol.checkpoint(),
+        // Connection threads drop their references as they finish; wait for
+        // the last one (a busy machine may take a moment) so that close()
+        // can write the final checkpoint and the clean mark.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut dev = dev;
+        let closed = loop {
+            match Arc::try_unwrap(dev) {
+                // Flush, final checkpoint, clean mark.
+                Ok(d) => break d.vol.close(),
+                Err(d) if std::time::Instant::now() < deadline => {
+                    dev = d;
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(d) => {
+                    eprintln!(
+                        "squeeze serve: {name} still in use 10 s after the drain; \
+                         checkpointing without the clean mark"
+                    );
+                    break d.vol.checkpoint();
+                }
+            }
         };
         if let Err(e) = closed {
             eprintln!("squeeze serve: closing {name}: {e}");
