@@ -130,18 +130,16 @@ pub fn run_job(
     // unless the thread is preempted mid-job.
     let start = std::time::Instant::now();
     let src = job.data();
-    let output = if job.skip_if_incompressible
-        && looks_incompressible(src)
-        && !lz4_finds_repeats(src)
-    {
-        Ok(JobOutput::Skipped)
-    } else {
-        match compressor.compress(src, scratch, job.limit) {
-            Ok(Some(n)) => Ok(JobOutput::Compressed(scratch[..n].to_vec())),
-            Ok(None) => Ok(JobOutput::TooBig),
-            Err(e) => Err(e),
-        }
-    };
+    let output =
+        if job.skip_if_incompressible && looks_incompressible(src) && !lz4_finds_repeats(src) {
+            Ok(JobOutput::Skipped)
+        } else {
+            match compressor.compress(src, scratch, job.limit) {
+                Ok(Some(n)) => Ok(JobOutput::Compressed(scratch[..n].to_vec())),
+                Ok(None) => Ok(JobOutput::TooBig),
+                Err(e) => Err(e),
+            }
+        };
     (
         output,
         u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
