@@ -133,6 +133,13 @@ impl BlockDevice for VolumeDevice {
     fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
         self.vol.write(offset, data, fua).map_err(io_err)
     }
+    fn write_owned(&self, offset: u64, data: Vec<u8>, fua: bool) -> io::Result<()> {
+        // No copy for the compression engine: the payload becomes its input.
+        let data = Arc::new(data);
+        self.vol
+            .write_shared(offset, &data, 0..data.len(), fua)
+            .map_err(io_err)
+    }
     fn flush(&self) -> io::Result<()> {
         self.vol.flush().map_err(io_err)
     }

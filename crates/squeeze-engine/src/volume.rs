@@ -558,6 +558,37 @@ impl Volume {
     /// Writes with a compressibility hint (the embedding API's way to
     /// drive passive and aggressive modes).
     pub fn write_hinted(&self, offset: u64, data: &[u8], fua: bool, hint: Hint) -> Result<()> {
+        self.write_from(offset, data, None, fua, hint)
+    }
+
+    /// Writes the bytes `range` of a shared buffer at byte `offset`, as
+    /// [`Volume::write`] does, without copying them for the compression
+    /// engine (which needs owned input: `write` copies each request once).
+    /// The NBD server hands its request payloads over this way.
+    pub fn write_shared(
+        &self,
+        offset: u64,
+        data: &Arc<Vec<u8>>,
+        range: std::ops::Range<usize>,
+        fua: bool,
+    ) -> Result<()> {
+        let Some(buf) = data.get(range.clone()) else {
+            return Err(EngineError::Invalid(format!(
+                "range {range:?} outside a buffer of {} bytes",
+                data.len()
+            )));
+        };
+        self.write_from(offset, buf, Some((data, range.start)), fua, Hint::None)
+    }
+
+    fn write_from(
+        &self,
+        offset: u64,
+        data: &[u8],
+        shared: Option<(&Arc<Vec<u8>>, usize)>,
+        fua: bool,
+        hint: Hint,
+    ) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
         self.writable()?;
         if data.is_empty() {
@@ -567,7 +598,7 @@ impl Volume {
         let last = (offset + data.len() as u64).div_ceil(SECTOR);
         let _range = self.inner.ranges.lock(first, last);
         if offset.is_multiple_of(SECTOR) && data.len().is_multiple_of(SECTOR_SIZE) {
-            self.write_sectors(first, data, hint)?;
+            self.write_sectors(first, data, shared, hint)?;
         } else {
             // Read-modify-write of the partial head and tail sectors.
             let mut tmp = vec![0u8; ((last - first) * SECTOR) as usize];
@@ -583,7 +614,7 @@ impl Volume {
             }
             let skip = (offset - first * SECTOR) as usize;
             tmp[skip..skip + data.len()].copy_from_slice(data);
-            self.write_sectors(first, &tmp, hint)?;
+            self.write_sectors(first, &tmp, None, hint)?;
         }
         self.inner
             .counters
@@ -594,7 +625,14 @@ impl Volume {
         Ok(())
     }
 
-    fn write_sectors(&self, lba: u64, data: &[u8], hint: Hint) -> Result<()> {
+    /// `data` is whole sectors from `lba`; `shared` as in [`encode`].
+    fn write_sectors(
+        &self,
+        lba: u64,
+        data: &[u8],
+        shared: Option<(&Arc<Vec<u8>>, usize)>,
+        hint: Hint,
+    ) -> Result<()> {
         let policy = *self.inner.policy.read();
         let max_blob = policy.max_blob_sectors();
         let batch =
@@ -612,7 +650,9 @@ impl Volume {
             self.inner
                 .counters
                 .add(Counter::ZeroSectorsWritten, zero_sectors);
-            let (items, cpu_ns) = encode(&*self.inner.engine, &policy, hint, chunk, &pieces);
+            let shared = shared.map(|(a, base)| (a, base + k * batch));
+            let (items, cpu_ns) =
+                encode(&*self.inner.engine, &policy, hint, chunk, shared, &pieces);
             self.inner.counters.add(Counter::CompressNs, cpu_ns);
             self.append(&items, chunk, Room::Data)?;
         }

@@ -32,6 +32,12 @@ pub trait BlockDevice: Send + Sync {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Write `data` at `offset`; if `fua`, it must be durable on return.
     fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;
+    /// [`BlockDevice::write_at`] with a buffer the device may keep (the
+    /// server is done with a request's payload once it hands it over), so a
+    /// device that needs owned data spares a copy.
+    fn write_owned(&self, offset: u64, data: Vec<u8>, fua: bool) -> io::Result<()> {
+        self.write_at(offset, &data, fua)
+    }
     /// Make every write completed before this call durable.
     fn flush(&self) -> io::Result<()>;
     /// Discard `[offset, offset + len)`; later reads may return anything

@@ -1064,9 +1064,9 @@ fn transmission<R: Read>(
 }
 
 /// Run one request on the device and send its reply (worker side).
-fn run_job(job: Job) {
+fn run_job(mut job: Job) {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(&mut job)));
     let conn = &job.conn;
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(&job)));
     let bytes = match result {
         Ok(bytes) => bytes,
         Err(_) => {
@@ -1078,7 +1078,7 @@ fn run_job(job: Job) {
     conn.send(bytes, Some(job.cost_bytes));
 }
 
-fn execute(job: &Job) -> Vec<u8> {
+fn execute(job: &mut Job) -> Vec<u8> {
     let conn = &job.conn;
     let dev = &*conn.device;
     let cookie = job.cookie;
@@ -1113,7 +1113,7 @@ fn execute(job: &Job) -> Vec<u8> {
         }
         Command::Write { offset, len, fua } => {
             debug_assert_eq!(job.payload.len(), len as usize);
-            let r = dev.write_at(offset, &job.payload, fua);
+            let r = dev.write_owned(offset, std::mem::take(&mut job.payload), fua);
             if r.is_ok() {
                 Counters::add(&conn.counters.bytes_written, u64::from(len));
             }

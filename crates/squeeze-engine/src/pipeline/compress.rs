@@ -80,17 +80,23 @@ impl Item {
 
 /// Encodes the pieces of `buf`. Returns the items and the CPU nanoseconds
 /// the codec spent.
+///
+/// The engine's jobs need an owned input: `shared`, when given, is a buffer
+/// that `buf` is the bytes `base..base + buf.len()` of, handed to the jobs
+/// without a copy; otherwise `buf` is copied once for all the jobs.
 pub fn encode(
     engine: &dyn CompressEngine,
     policy: &ActivePolicy,
     hint: Hint,
     buf: &[u8],
+    shared: Option<(&Arc<Vec<u8>>, usize)>,
     pieces: &[Piece],
 ) -> (Vec<Item>, u64) {
+    debug_assert!(shared.is_none_or(|(a, base)| a.get(base..base + buf.len()) == Some(buf)));
     let mut items = Vec::with_capacity(pieces.len());
     let mut jobs = Vec::new();
     let mut job_items = Vec::new();
-    let mut input: Option<Arc<Vec<u8>>> = None;
+    let mut input: Option<(Arc<Vec<u8>>, usize)> = None;
     for p in pieces {
         match *p {
             Piece::Zero { lba, sectors } => items.push(Item::Zero { lba, sectors }),
@@ -102,10 +108,15 @@ pub fn encode(
                 let len = sectors as usize * SECTOR_SIZE;
                 let pl = plan(policy, hint, len);
                 if let Plan::Compress { heuristic } = pl {
-                    let input = input.get_or_insert_with(|| Arc::new(buf.to_vec())).clone();
+                    let (input, base) = input
+                        .get_or_insert_with(|| match shared {
+                            Some((a, base)) => (Arc::clone(a), base),
+                            None => (Arc::new(buf.to_vec()), 0),
+                        })
+                        .clone();
                     jobs.push(Job {
                         input,
-                        range: start..start + len,
+                        range: base + start..base + start + len,
                         limit: output_limit(&policy.policy, len),
                         skip_if_incompressible: heuristic,
                     });
