@@ -85,6 +85,28 @@ impl Chunk {
         }
     }
 
+    /// Entries `i..i + out.len()` (one run search, then a walk).
+    fn get_range(&self, i: u16, out: &mut [MapEntry]) {
+        match self {
+            Chunk::Dense { entries, .. } => {
+                out.copy_from_slice(&entries[i as usize..i as usize + out.len()]);
+            }
+            Chunk::Runs { runs, .. } => {
+                let mut k = runs.partition_point(|r| r.end() <= i);
+                for (j, o) in out.iter_mut().enumerate() {
+                    let at = i + j as u16;
+                    while k < runs.len() && runs[k].end() <= at {
+                        k += 1;
+                    }
+                    *o = match runs.get(k) {
+                        Some(r) if r.start <= at => r.entry(at),
+                        _ => MapEntry::UNMAPPED,
+                    };
+                }
+            }
+        }
+    }
+
     fn to_dense(&self) -> Box<[MapEntry; CHUNK_ENTRIES]> {
         match self {
             Chunk::Dense { entries, .. } => entries.clone(),
@@ -247,6 +269,23 @@ impl SectorMap {
         self.chunks
             .get(&c)
             .map_or(MapEntry::UNMAPPED, |ch| ch.get(i))
+    }
+
+    /// Fills `out` with the entries of `lba..lba + out.len()`: one tree
+    /// lookup and one run search per chunk instead of one per sector (a
+    /// 1 MiB read spent a quarter of its time in per-sector lookups).
+    pub fn get_range(&self, lba: u64, out: &mut [MapEntry]) {
+        let mut done = 0;
+        while done < out.len() {
+            let (c, i) = split(lba + done as u64);
+            let n = (CHUNK_ENTRIES - i as usize).min(out.len() - done);
+            let dst = &mut out[done..done + n];
+            match self.chunks.get(&c) {
+                None => dst.fill(MapEntry::UNMAPPED),
+                Some(ch) => ch.get_range(i, dst),
+            }
+            done += n;
+        }
     }
 
     /// Sets an entry, returning the previous one.
@@ -447,6 +486,17 @@ mod tests {
                 if k % 500 == 0 {
                     for (l, want) in model.iter().enumerate() {
                         assert_eq!(m.get(l as u64), *want);
+                    }
+                    // Ranges: across chunk edges and past the last chunk.
+                    for _ in 0..50 {
+                        let a = r.gen_range(0..model.len());
+                        let n = r.gen_range(1..=(model.len() - a + 700).min(1500));
+                        let mut out = vec![MapEntry::new(1 << 20, 0, 1, 4160); n];
+                        m.get_range(a as u64, &mut out);
+                        for (j, e) in out.iter().enumerate() {
+                            let want = model.get(a + j).copied().unwrap_or(MapEntry::UNMAPPED);
+                            assert_eq!(*e, want, "get_range({a}, {n}) at {j}");
+                        }
                     }
                     let mapped = model.iter().filter(|e| e.is_mapped()).count() as u64;
                     assert_eq!(m.mapped(), mapped);

@@ -519,10 +519,8 @@ impl Volume {
         let inner = &*self.inner;
         let n = out.len() / SECTOR_SIZE;
         let _gate = inner.gate.read();
-        let entries: Vec<MapEntry> = {
-            let st = inner.state.read();
-            (0..n as u64).map(|i| st.map.get(lba + i)).collect()
-        };
+        let mut entries = vec![MapEntry::UNMAPPED; n];
+        inner.state.read().map.get_range(lba, &mut entries);
         let mut i = 0;
         while i < n {
             let e = entries[i];
