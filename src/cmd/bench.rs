@@ -17,6 +17,10 @@
 //!    backing file is in the page cache, so this measures the engine, not
 //!    the disk), verified in a separate untimed pass;
 //! 5. all-zero writes from one thread.
+//!
+//! Steps 2 and 4 run --reps times (default 3; step 4 on a fresh volume each
+//! time) and every speed is the median: in this VM the same pass varies by
+//! up to 2x with the state of the guest's free memory.
 
 use super::PolicyArgs;
 use crate::cmd::import::process_cpu_seconds;
@@ -69,6 +73,10 @@ pub struct Args {
     /// deleted before the timed write; see the module docs for why).
     #[arg(long)]
     pub no_warmup: bool,
+    /// Timed repetitions of the raw codec and of the engine's write and
+    /// read (each on a fresh volume); the median of each is reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub reps: u32,
 }
 
 #[derive(serde::Serialize)]
@@ -81,6 +89,8 @@ struct Report {
     max_blob: u32,
     data: String,
     bytes: u64,
+    /// Timed repetitions; every speed is the median over them.
+    reps: u32,
     /// Until every write is acknowledged (fio's app bandwidth: no flush).
     write_mbps: f64,
     /// The same write on the untimed warm-up volume (0 with --no-warmup):
@@ -154,6 +164,22 @@ fn load_data(a: &Args) -> Result<(Vec<u8>, String)> {
     }
 }
 
+/// The median of `v` (the upper one of an even count).
+fn mid(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs `f` `reps` times; the median of the seconds it returns.
+fn median(reps: usize, mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        v.push(f()?);
+    }
+    Ok(mid(&v))
+}
+
 /// Runs `f(request_index)` for every request on `n` threads; returns seconds.
 fn parallel(n: usize, requests: usize, f: impl Fn(usize) -> Result<()> + Sync) -> Result<f64> {
     let next = AtomicUsize::new(0);
@@ -218,31 +244,35 @@ pub fn run(a: Args) -> Result<ExitCode> {
     // Timed: outputs are dropped as the engine drops them after its write
     // (keeping 400 MB of fresh outputs would time page faults instead).
     let raw_stored_total = std::sync::atomic::AtomicUsize::new(0);
+    let reps = a.reps as usize;
     let raw_c_secs = if policy.codec == CodecId::None {
         0.0
     } else {
-        parallel(threads, n_req, |i| {
-            let jobs = (0..REQUEST / blob)
-                .map(|k| {
-                    let s = i * REQUEST + k * blob;
-                    Job::new(
-                        data.clone(),
-                        s..s + blob,
-                        output_limit(&policy, blob),
-                        false,
-                    )
-                })
-                .collect();
-            let res = pool.compress_batch(alg, jobs);
-            let n: usize = res
-                .iter()
-                .map(|r| match &r.output {
-                    JobOutput::Compressed(v) => v.len(),
-                    _ => blob,
-                })
-                .sum();
-            raw_stored_total.fetch_add(n, Ordering::Relaxed);
-            Ok(())
+        median(reps, || {
+            raw_stored_total.store(0, Ordering::Relaxed);
+            parallel(threads, n_req, |i| {
+                let jobs = (0..REQUEST / blob)
+                    .map(|k| {
+                        let s = i * REQUEST + k * blob;
+                        Job::new(
+                            data.clone(),
+                            s..s + blob,
+                            output_limit(&policy, blob),
+                            false,
+                        )
+                    })
+                    .collect();
+                let res = pool.compress_batch(alg, jobs);
+                let n: usize = res
+                    .iter()
+                    .map(|r| match &r.output {
+                        JobOutput::Compressed(v) => v.len(),
+                        _ => blob,
+                    })
+                    .sum();
+                raw_stored_total.fetch_add(n, Ordering::Relaxed);
+                Ok(())
+            })
         })?
     };
     // Untimed: the compressed blobs, kept for the decompression run.
@@ -278,12 +308,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let raw_d_secs = if policy.codec == CodecId::None {
         0.0
     } else {
-        parallel(threads, n_req, |i| {
-            let mut out = vec![0u8; blob];
-            for b in compressed[i].lock().iter().flatten() {
-                squeeze_codec::decompress(policy.codec, b, &mut out)?;
-            }
-            Ok(())
+        median(reps, || {
+            parallel(threads, n_req, |i| {
+                let mut out = vec![0u8; blob];
+                for b in compressed[i].lock().iter().flatten() {
+                    squeeze_codec::decompress(policy.codec, b, &mut out)?;
+                }
+                Ok(())
+            })
         })?
     };
     drop(compressed);
@@ -333,24 +365,41 @@ pub fn run(a: Args) -> Result<ExitCode> {
         std::fs::remove_file(tmp.path().join("warmup.sqz"))?;
         mb / secs
     };
-    let vol = new_volume("bench.sqz")?;
     let writers = threads;
-    let cpu0 = process_cpu_seconds();
-    let w_secs = write_all(&vol)?;
-    let t_flush = Instant::now();
-    vol.flush()?;
-    let flush_secs = t_flush.elapsed().as_secs_f64();
-    let cpu_w = process_cpu_seconds() - cpu0;
+    let (mut w, mut fl, mut cw, mut r, mut cr) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut last = None;
+    for rep in 0..reps {
+        if let Some((old, name)) = last.take() {
+            let old: Volume = old;
+            old.close()?;
+            std::fs::remove_file(tmp.path().join::<&str>(name))?;
+        }
+        let name = if rep % 2 == 0 {
+            "bench-a.sqz"
+        } else {
+            "bench-b.sqz"
+        };
+        let vol = new_volume(name)?;
+        let cpu0 = process_cpu_seconds();
+        w.push(write_all(&vol)?);
+        let t_flush = Instant::now();
+        vol.flush()?;
+        fl.push(t_flush.elapsed().as_secs_f64());
+        cw.push(process_cpu_seconds() - cpu0);
+        let cpu1 = process_cpu_seconds();
+        r.push(parallel(writers, n_req, |i| {
+            let mut buf = vec![0u8; REQUEST];
+            vol.read((i * REQUEST) as u64, &mut buf)?;
+            std::hint::black_box(&buf);
+            Ok(())
+        })?);
+        cr.push(process_cpu_seconds() - cpu1);
+        last = Some((vol, name));
+    }
+    let (vol, _) = last.expect("at least one repetition");
+    let (w_secs, flush_secs, cpu_w) = (mid(&w), mid(&fl), mid(&cw));
+    let (r_secs, cpu_r) = (mid(&r), mid(&cr));
     let st = vol.stats();
-
-    let cpu1 = process_cpu_seconds();
-    let r_secs = parallel(writers, n_req, |i| {
-        let mut buf = vec![0u8; REQUEST];
-        vol.read((i * REQUEST) as u64, &mut buf)?;
-        std::hint::black_box(&buf);
-        Ok(())
-    })?;
-    let cpu_r = process_cpu_seconds() - cpu1;
     // Untimed verification pass.
     parallel(writers, n_req, |i| {
         let mut buf = vec![0u8; REQUEST];
@@ -391,6 +440,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         max_blob: policy.max_blob,
         data: what,
         bytes: data.len() as u64,
+        reps: a.reps,
         write_mbps: mb / w_secs,
         cold_write_mbps,
         write_durable_mbps: mb / (w_secs + flush_secs),
@@ -426,11 +476,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
         println!("machine          {}", r.machine);
         println!("data             {} of {}", human(r.bytes), r.data);
         println!(
-            "policy           {} {} max_blob {}, {} threads",
+            "policy           {} {} max_blob {}, {} threads; speeds are medians of {} runs",
             r.algorithm,
             r.mode,
             human(u64::from(r.max_blob)),
-            r.threads
+            r.threads,
+            r.reps
         );
         println!(
             "engine write     {:>8.1} MB/s  ({:.0}% of raw compress), backing file {:.1} MB/s, CPU {:.0}%, {:.2} CPU s/GiB",
