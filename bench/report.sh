@@ -12,8 +12,8 @@
 #   1. build the release binary (CARGO_TARGET_DIR, default target/)
 #   2. check the tools ../shared/bench/run.sh needs; as root, apt-get install the missing ones
 #      (INSTALL=0: only print the apt-get command)
-#   3. one harness run (../shared/bench/run.sh): PEERS="nbd-raw nbd-qcow2-compress
-#      btrfs-zstd1-force zram-lz4 custom", custom = `squeeze serve` with its default policy
+#   3. one harness run (../shared/bench/run.sh): PEERS="nbd-raw nbd-qcow2-compress custom
+#      btrfs-zstd1-force zram-lz4" (why this order: see REPORT_PEERS below), custom = `squeeze serve` with its default policy
 #      -> $OUT_BASE/peers/; then (MODE_NONE=1, the default) a second run, PEERS="nbd-raw custom"
 #      with `squeeze serve --mode none` -> $OUT_BASE/none/. Rows are compared within a run only.
 #   4. the in-process engine bench: `squeeze bench --json --size 1G` (fio-like data) and
@@ -53,7 +53,13 @@ fi
 [[ $(id -u) == 0 ]] || sq_die "run as root (the harness needs loop devices, mounts and zram); REPORT_ONLY=DIR does not"
 
 OUT_BASE=${OUT_BASE:-/tmp/squeeze-report.$(date +%Y%m%d-%H%M%S)}
-REPORT_PEERS=${REPORT_PEERS:-nbd-raw nbd-qcow2-compress btrfs-zstd1-force zram-lz4 custom}
+# Order matters on a VM: zram holds gigabytes of RAM and gives them back at teardown, and the
+# host then reclaims that free memory (virtio-balloon free page reporting), so the next peer that
+# writes through the page cache pays a first-touch fault per page (here dd of 1 GiB into a
+# just-emptied cache: 461 MB/s, again right after: 4.2 GB/s). The qemu-nbd peers use
+# cache=none (O_DIRECT) and never notice; squeeze and btrfs write through the page cache. So the
+# default runs the O_DIRECT peers, then squeeze, then btrfs, then zram.
+REPORT_PEERS=${REPORT_PEERS:-nbd-raw nbd-qcow2-compress custom btrfs-zstd1-force zram-lz4}
 MODE_NONE=${MODE_NONE:-1}
 ENGINE=${ENGINE:-1}
 SCAN=${SCAN:-1}
