@@ -547,11 +547,11 @@ impl Volume {
         let mut g = 0;
         while g < runs.len() {
             let first = runs[g].2.record_offset();
-            let mut end = first + u64::from(runs[g].2.record_len());
+            let mut end = first + runs[g].2.record_len();
             let mut h = g + 1;
             while h < runs.len() {
                 let e = runs[h].2;
-                let next_end = e.record_offset() + u64::from(e.record_len());
+                let next_end = e.record_offset() + e.record_len();
                 if e.record_offset() != end.next_multiple_of(RECORD_ALIGN)
                     || next_end - first > READ_SPAN_MAX
                 {
