@@ -19,8 +19,11 @@
 //! 5. all-zero writes from one thread.
 //!
 //! Steps 2 and 4 run --reps times (default 3; step 4 on a fresh volume each
-//! time) and every speed is the median: in this VM the same pass varies by
-//! up to 2x with the state of the guest's free memory.
+//! time), interleaved (raw compress, engine write, raw decompress, engine
+//! read), and every speed is the median; engine-against-raw is the median of
+//! each repetition's ratio. In this VM the same pass varies by up to 2x from
+//! one minute to the next (host load, the state of the guest's free memory),
+//! so each engine pass is compared with the raw pass measured beside it.
 
 use super::PolicyArgs;
 use crate::cmd::import::process_cpu_seconds;
@@ -171,15 +174,6 @@ fn mid(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Runs `f` `reps` times; the median of the seconds it returns.
-fn median(reps: usize, mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
-    let mut v = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        v.push(f()?);
-    }
-    Ok(mid(&v))
-}
-
 /// Runs `f(request_index)` for every request on `n` threads; returns seconds.
 fn parallel(n: usize, requests: usize, f: impl Fn(usize) -> Result<()> + Sync) -> Result<f64> {
     let next = AtomicUsize::new(0);
@@ -241,42 +235,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let compressed: Vec<parking_lot::Mutex<Vec<Option<Vec<u8>>>>> = (0..n_req)
         .map(|_| parking_lot::Mutex::new(Vec::new()))
         .collect();
-    // Timed: outputs are dropped as the engine drops them after its write
-    // (keeping 400 MB of fresh outputs would time page faults instead).
-    let raw_stored_total = std::sync::atomic::AtomicUsize::new(0);
     let reps = a.reps as usize;
-    let raw_c_secs = if policy.codec == CodecId::None {
-        0.0
-    } else {
-        median(reps, || {
-            raw_stored_total.store(0, Ordering::Relaxed);
-            parallel(threads, n_req, |i| {
-                let jobs = (0..REQUEST / blob)
-                    .map(|k| {
-                        let s = i * REQUEST + k * blob;
-                        Job::new(
-                            data.clone(),
-                            s..s + blob,
-                            output_limit(&policy, blob),
-                            false,
-                        )
-                    })
-                    .collect();
-                let res = pool.compress_batch(alg, jobs);
-                let n: usize = res
-                    .iter()
-                    .map(|r| match &r.output {
-                        JobOutput::Compressed(v) => v.len(),
-                        _ => blob,
-                    })
-                    .sum();
-                raw_stored_total.fetch_add(n, Ordering::Relaxed);
-                Ok(())
-            })
-        })?
-    };
-    // Untimed: the compressed blobs, kept for the decompression run.
-    if policy.codec != CodecId::None {
+    let codec = policy.codec != CodecId::None;
+    // Untimed: the compressed blobs, kept for the decompression runs.
+    if codec {
         parallel(threads, n_req, |i| {
             let jobs = (0..REQUEST / blob)
                 .map(|k| {
@@ -300,26 +262,55 @@ pub fn run(a: Args) -> Result<ExitCode> {
             Ok(())
         })?;
     }
-    let raw_stored = if policy.codec == CodecId::None {
-        data.len()
-    } else {
-        raw_stored_total.load(Ordering::Relaxed)
-    };
-    let raw_d_secs = if policy.codec == CodecId::None {
-        0.0
-    } else {
-        median(reps, || {
-            parallel(threads, n_req, |i| {
-                let mut out = vec![0u8; blob];
-                for b in compressed[i].lock().iter().flatten() {
-                    squeeze_codec::decompress(policy.codec, b, &mut out)?;
-                }
-                Ok(())
+    let raw_stored = if codec {
+        compressed
+            .iter()
+            .map(|c| {
+                c.lock()
+                    .iter()
+                    .map(|b| b.as_ref().map_or(blob, Vec::len))
+                    .sum::<usize>()
             })
-        })?
+            .sum()
+    } else {
+        data.len()
     };
-    drop(compressed);
-    drop(pool);
+    // Timed raw codec passes; each runs right before the engine pass it is
+    // compared with (the speed of this VM drifts between passes).
+    // Compress outputs are dropped as the engine drops them after its write
+    // (keeping 400 MB of fresh outputs would time page faults instead).
+    let raw_compress = || -> Result<f64> {
+        if !codec {
+            return Ok(0.0);
+        }
+        parallel(threads, n_req, |i| {
+            let jobs = (0..REQUEST / blob)
+                .map(|k| {
+                    let s = i * REQUEST + k * blob;
+                    Job::new(
+                        data.clone(),
+                        s..s + blob,
+                        output_limit(&policy, blob),
+                        false,
+                    )
+                })
+                .collect();
+            std::hint::black_box(pool.compress_batch(alg, jobs));
+            Ok(())
+        })
+    };
+    let raw_decompress = || -> Result<f64> {
+        if !codec {
+            return Ok(0.0);
+        }
+        parallel(threads, n_req, |i| {
+            let mut out = vec![0u8; blob];
+            for b in compressed[i].lock().iter().flatten() {
+                squeeze_codec::decompress(policy.codec, b, &mut out)?;
+            }
+            Ok(())
+        })
+    };
 
     // Engine.
     std::fs::create_dir_all(&a.dir)?;
@@ -367,6 +358,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     let writers = threads;
     let (mut w, mut fl, mut cw, mut r, mut cr) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut rc, mut rd) = (vec![], vec![]);
     let mut last = None;
     for rep in 0..reps {
         if let Some((old, name)) = last.take() {
@@ -380,12 +372,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "bench-b.sqz"
         };
         let vol = new_volume(name)?;
+        rc.push(raw_compress()?);
         let cpu0 = process_cpu_seconds();
         w.push(write_all(&vol)?);
         let t_flush = Instant::now();
         vol.flush()?;
         fl.push(t_flush.elapsed().as_secs_f64());
         cw.push(process_cpu_seconds() - cpu0);
+        rd.push(raw_decompress()?);
         let cpu1 = process_cpu_seconds();
         r.push(parallel(writers, n_req, |i| {
             let mut buf = vec![0u8; REQUEST];
@@ -399,6 +393,16 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let (vol, _) = last.expect("at least one repetition");
     let (w_secs, flush_secs, cpu_w) = (mid(&w), mid(&fl), mid(&cw));
     let (r_secs, cpu_r) = (mid(&r), mid(&cr));
+    let (raw_c_secs, raw_d_secs) = (mid(&rc), mid(&rd));
+    // Engine against raw codec: the median of each repetition's ratio.
+    let ratio_of = |raw: &[f64], eng: &[f64]| {
+        if codec {
+            mid(&raw.iter().zip(eng).map(|(r, e)| r / e).collect::<Vec<_>>())
+        } else {
+            0.0
+        }
+    };
+    let (write_vs_raw, read_vs_raw) = (ratio_of(&rc, &w), ratio_of(&rd, &r));
     let st = vol.stats();
     // Untimed verification pass.
     parallel(writers, n_req, |i| {
@@ -448,16 +452,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
         backing_write_mbps: st.log_bytes_written as f64 / 1e6 / w_secs,
         raw_compress_mbps: raw_c,
         raw_decompress_mbps: raw_d,
-        write_vs_raw: if raw_c > 0.0 {
-            mb / w_secs / raw_c
-        } else {
-            0.0
-        },
-        read_vs_raw: if raw_d > 0.0 {
-            mb / r_secs / raw_d
-        } else {
-            0.0
-        },
+        write_vs_raw,
+        read_vs_raw,
         ratio: st.compression_ratio,
         raw_ratio: data.len() as f64 / raw_stored.max(1) as f64,
         cpu_utilization_write: cpu_w / (w_secs + flush_secs) / cores as f64,
