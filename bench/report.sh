@@ -3,7 +3,7 @@
 # charts and the machine description into docs/benchmarks.md (between the lines
 # `<!-- report:begin -->` and `<!-- report:end -->`) and docs/img/bench-*.svg.
 #
-#   sudo bench/report.sh                          # everything at the harness's defaults (~15 min)
+#   sudo bench/report.sh                          # everything at the harness's defaults (~10 min)
 #   REPS=2 sudo bench/report.sh                   # each harness run twice, to see the noise
 #   FIO_SIZE=256m FIO_RT_SEQ=10 FIO_RT_RAND=5 sudo bench/report.sh   # a quick smoke run
 #   REPORT_ONLY=/tmp/squeeze-report.X bench/report.sh   # only regenerate markdown + SVG (no root)
