@@ -54,7 +54,7 @@ pub struct Args {
     /// Policy of a volume this command creates.
     #[command(flatten)]
     pub policy: PolicyArgs,
-    /// NBD worker threads (requests executed at once, over all connections).
+    /// NBD worker threads (requests executed at once, over all connections); default two per core, at least 4.
     #[arg(long)]
     pub workers: Option<usize>,
     /// Server certificate chain (PEM, leaf first) for TLS (NBD_OPT_STARTTLS).

@@ -111,7 +111,10 @@ pub struct Export {
 /// Tunables, each a limit on something in flight.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Worker threads shared by all connections.
+    /// Worker threads shared by all connections. Default two per core:
+    /// writes are CPU-bound (the codec runs on the worker that took the
+    /// request), and on 2 cores 4 workers wrote fio's W1 at 1168-1298 MB/s
+    /// where 8 managed 920-1211, with the same random 4 KiB IOPS.
     pub workers: usize,
     /// Per connection: READ/WRITE payload bytes dispatched and unanswered.
     pub in_flight_bytes_max: u64,
@@ -145,7 +148,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         ServerConfig {
-            workers: (cores * 4).clamp(4, 64),
+            workers: (cores * 2).clamp(4, 64),
             in_flight_bytes_max: IN_FLIGHT_BYTES_MAX_DEFAULT,
             in_flight_requests_max: 512,
             connections_max: 256,
