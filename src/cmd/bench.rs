@@ -237,22 +237,25 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .collect();
     let reps = a.reps as usize;
     let codec = policy.codec != CodecId::None;
+    // The blobs of request i, as the engine cuts them.
+    let jobs_of = |i: usize| -> Vec<Job> {
+        (0..REQUEST / blob)
+            .map(|k| {
+                let s = i * REQUEST + k * blob;
+                Job::new(
+                    data.clone(),
+                    s..s + blob,
+                    output_limit(&policy, blob),
+                    false,
+                )
+            })
+            .collect()
+    };
     // Untimed: the compressed blobs, kept for the decompression runs.
     if codec {
         parallel(threads, n_req, |i| {
-            let jobs = (0..REQUEST / blob)
-                .map(|k| {
-                    let s = i * REQUEST + k * blob;
-                    Job::new(
-                        data.clone(),
-                        s..s + blob,
-                        output_limit(&policy, blob),
-                        false,
-                    )
-                })
-                .collect();
             *compressed[i].lock() = pool
-                .compress_batch(alg, jobs)
+                .compress_batch(alg, jobs_of(i))
                 .into_iter()
                 .map(|r| match r.output {
                     JobOutput::Compressed(v) => Some(v),
@@ -284,18 +287,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             return Ok(0.0);
         }
         parallel(threads, n_req, |i| {
-            let jobs = (0..REQUEST / blob)
-                .map(|k| {
-                    let s = i * REQUEST + k * blob;
-                    Job::new(
-                        data.clone(),
-                        s..s + blob,
-                        output_limit(&policy, blob),
-                        false,
-                    )
-                })
-                .collect();
-            std::hint::black_box(pool.compress_batch(alg, jobs));
+            std::hint::black_box(pool.compress_batch(alg, jobs_of(i)));
             Ok(())
         })
     };
