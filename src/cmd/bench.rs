@@ -363,19 +363,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let writers = threads;
     let (mut w, mut fl, mut cw, mut r, mut cr) = (vec![], vec![], vec![], vec![], vec![]);
     let (mut rc, mut rd) = (vec![], vec![]);
-    let mut last = None;
-    for rep in 0..reps {
-        if let Some((old, name)) = last.take() {
-            let old: Volume = old;
+    let mut last: Option<Volume> = None;
+    for _ in 0..reps {
+        // Each repetition on a fresh volume; the previous one goes first.
+        if let Some(old) = last.take() {
             old.close()?;
-            std::fs::remove_file(tmp.path().join::<&str>(name))?;
+            std::fs::remove_file(tmp.path().join("bench.sqz"))?;
         }
-        let name = if rep % 2 == 0 {
-            "bench-a.sqz"
-        } else {
-            "bench-b.sqz"
-        };
-        let vol = new_volume(name)?;
+        let vol = new_volume("bench.sqz")?;
         rc.push(raw_compress()?);
         let cpu0 = process_cpu_seconds();
         w.push(write_all(&vol)?);
@@ -392,9 +387,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
             Ok(())
         })?);
         cr.push(process_cpu_seconds() - cpu1);
-        last = Some((vol, name));
+        last = Some(vol);
     }
-    let (vol, _) = last.expect("at least one repetition");
+    let vol = last.expect("at least one repetition");
     let (w_secs, flush_secs, cpu_w) = (mid(&w), mid(&fl), mid(&cw));
     let (r_secs, cpu_r) = (mid(&r), mid(&cr));
     let (raw_c_secs, raw_d_secs) = (mid(&rc), mid(&rd));

@@ -109,7 +109,7 @@ pub fn lz4_finds_repeats(data: &[u8]) -> bool {
             Vec::new(),
         ));
     }
-    let limit = data.len() / 1000 * LZ4_REPEATS_PERMILLE;
+    let limit = data.len() * LZ4_REPEATS_PERMILLE / 1000;
     LZ4.with_borrow_mut(|(c, out)| matches!(c.compress(data, out, limit), Ok(Some(_))))
 }
 

@@ -1061,56 +1061,54 @@ fn decode_extent(inner: &Inner, e: MapEntry, lba: u64, rec: &[u8], out: &mut [u8
         inner.counters.add(Counter::ChecksumErrors, 1);
         EngineError::Corrupt { lba, source }
     };
+    let h = RecordHeader::decode(rec).map_err(corrupt)?;
+    let expect_lba = lba - u64::from(e.index());
+    if h.uuid != inner.uuid
+        || !h.kind.has_payload()
+        || h.lba != expect_lba
+        || h.sectors != e.sectors()
+        || h.record_len() != e.record_len()
     {
-        let h = RecordHeader::decode(rec).map_err(corrupt)?;
-        let expect_lba = lba - u64::from(e.index());
-        if h.uuid != inner.uuid
-            || !h.kind.has_payload()
-            || h.lba != expect_lba
-            || h.sectors != e.sectors()
-            || h.record_len() != e.record_len()
-        {
-            return Err(corrupt(squeeze_format::FormatError::Invalid {
-                what: "record",
-                why: format!(
-                    "map points at a record for LBA {} x{} ({:?}), expected LBA {expect_lba} x{}",
-                    h.lba,
-                    h.sectors,
-                    h.kind,
-                    e.sectors()
-                ),
-            }));
-        }
-        let payload = &rec[RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + h.stored_len as usize];
-        squeeze_format::record::verify_payload(&h, payload).map_err(corrupt)?;
-        let first = e.index() as usize * SECTOR_SIZE;
-        if h.codec == CodecId::None {
-            out.copy_from_slice(&payload[first..first + out.len()]);
-            return Ok(());
-        }
-        // Monotonic time around the codec call (see squeeze_codec::run_job).
-        let t0 = std::time::Instant::now();
-        let res = if first == 0 && out.len() == h.raw_len() {
-            squeeze_codec::decompress(h.codec, payload, out)
-        } else {
-            RAW_BUF.with_borrow_mut(|raw| {
-                raw.resize(h.raw_len(), 0);
-                let r = squeeze_codec::decompress(h.codec, payload, raw);
-                if r.is_ok() {
-                    out.copy_from_slice(&raw[first..first + out.len()]);
-                }
-                r
-            })
-        };
-        inner.counters.add(
-            Counter::DecompressNs,
-            u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
-        );
-        res.map_err(|source| {
-            inner.counters.add(Counter::ChecksumErrors, 1);
-            EngineError::Codec { lba, source }
-        })
+        return Err(corrupt(squeeze_format::FormatError::Invalid {
+            what: "record",
+            why: format!(
+                "map points at a record for LBA {} x{} ({:?}), expected LBA {expect_lba} x{}",
+                h.lba,
+                h.sectors,
+                h.kind,
+                e.sectors()
+            ),
+        }));
     }
+    let payload = &rec[RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + h.stored_len as usize];
+    squeeze_format::record::verify_payload(&h, payload).map_err(corrupt)?;
+    let first = e.index() as usize * SECTOR_SIZE;
+    if h.codec == CodecId::None {
+        out.copy_from_slice(&payload[first..first + out.len()]);
+        return Ok(());
+    }
+    // Monotonic time around the codec call (see squeeze_codec::run_job).
+    let t0 = std::time::Instant::now();
+    let res = if first == 0 && out.len() == h.raw_len() {
+        squeeze_codec::decompress(h.codec, payload, out)
+    } else {
+        RAW_BUF.with_borrow_mut(|raw| {
+            raw.resize(h.raw_len(), 0);
+            let r = squeeze_codec::decompress(h.codec, payload, raw);
+            if r.is_ok() {
+                out.copy_from_slice(&raw[first..first + out.len()]);
+            }
+            r
+        })
+    };
+    inner.counters.add(
+        Counter::DecompressNs,
+        u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
+    );
+    res.map_err(|source| {
+        inner.counters.add(Counter::ChecksumErrors, 1);
+        EngineError::Codec { lba, source }
+    })
 }
 
 impl Inner {

@@ -115,6 +115,15 @@ fn flipped_bits_fail_only_the_affected_reads_and_check_names_them() {
     assert_eq!(rep.damaged[0].first_lba, 32);
     assert_eq!(rep.damaged[0].sectors, 16);
     assert_eq!(v.stats().checksum_errors, 2);
+    // A read across the whole write fetches the adjacent records in one
+    // span; the damaged one still fails it, named by its first LBA.
+    let mut all = vec![0u8; d.len()];
+    let e = v.read(0, &mut all).expect_err("checksum error in the span");
+    assert!(matches!(e, EngineError::Corrupt { lba: 32, .. }), "{e}");
+    // ... and a span that stops before it is served.
+    let mut head = vec![0u8; 32 * SECTOR_SIZE];
+    v.read(0, &mut head).unwrap();
+    assert_eq!(head, d[..32 * SECTOR_SIZE]);
 }
 
 #[test]
