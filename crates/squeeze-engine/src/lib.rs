@@ -29,5 +29,5 @@ pub use space::cleaner::CleanReport;
 pub use squeeze_codec::{Algorithm, CompressEngine, CpuPool};
 pub use squeeze_format::{CodecId, CompressionMode, Policy, SECTOR_SIZE};
 pub use stats::VolumeStats;
-pub use storage::{FileStorage, SimFaults, SimStorage, Storage};
+pub use storage::{FileStorage, IoMode, SimFaults, SimStorage, Storage};
 pub use volume::{default_policy, CreateOptions, OpenOptions, Volume};

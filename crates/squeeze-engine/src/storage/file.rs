@@ -1,26 +1,230 @@
 //! The backing file: positional reads and writes on a regular file (or a
 //! block device), fdatasync for durability, fallocate to reserve segments
 //! and to punch freed ones out so the file really shrinks on disk.
+//!
+//! Writes go through a write-behind pool (`write_behind`) and reach the file
+//! as whole aligned chunks written with O_DIRECT, unless the file system
+//! refuses O_DIRECT or `SQUEEZE_IO=buffered` is set; then they go through
+//! the page cache as plain positional writes.
 
+use super::write_behind::{Completed, Disk, WriteBehind, BLOCK};
 use super::Storage;
+use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+
+/// Bytes per write-behind chunk: one direct write each.
+pub const WRITE_BEHIND_CHUNK: usize = 1 << 20;
+/// Chunks in the write-behind pool (its memory, allocated as needed).
+pub const WRITE_BEHIND_CHUNKS: usize = 32;
+/// Threads writing completed chunks out, so writers never wait for the
+/// device unless the pool is full.
+const FLUSHER_THREADS: usize = 2;
+
+/// How writes reach the backing file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoMode {
+    /// Staged in aligned chunks, written with O_DIRECT (the default where
+    /// the file system allows it).
+    Direct,
+    /// Through the page cache.
+    Buffered,
+}
+
+impl IoMode {
+    /// The mode asked for by `SQUEEZE_IO` (`direct` or `buffered`; default
+    /// direct).
+    pub fn from_env() -> IoMode {
+        match std::env::var("SQUEEZE_IO").as_deref() {
+            Ok("buffered") => IoMode::Buffered,
+            _ => IoMode::Direct,
+        }
+    }
+}
 
 pub struct FileStorage {
     file: File,
+    direct: Option<Direct>,
+}
+
+/// The write-behind path: the pool, the file's descriptors, and the threads
+/// that write completed chunks out.
+struct Direct {
+    shared: Arc<DirectShared>,
+    to_flushers: Option<mpsc::Sender<Completed>>,
+    flushers: Vec<JoinHandle<()>>,
+}
+
+struct DirectShared {
+    /// The file opened as usual (reads go through the page cache).
+    file: File,
+    /// The same file opened O_DIRECT.
+    direct: File,
+    staging: WriteBehind,
+    /// Set when a direct write was refused (EINVAL): from then on the same
+    /// bytes go through the page cache.
+    refused: AtomicBool,
+    /// The first error a flusher thread met; the next `sync` reports it.
+    flush_error: Mutex<Option<io::Error>>,
+}
+
+impl Disk for DirectShared {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        read_full(&self.file, buf, offset)
+    }
+
+    fn write_direct(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        debug_assert!(offset.is_multiple_of(BLOCK as u64) && data.len().is_multiple_of(BLOCK));
+        if !self.refused.load(Ordering::Relaxed) {
+            match self.direct.write_all_at(data, offset) {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::warn!("O_DIRECT write refused ({e}); writing through the page cache");
+                    self.refused.store(true, Ordering::Relaxed);
+                }
+                r => return r,
+            }
+        }
+        self.file.write_all_at(data, offset)
+    }
+}
+
+impl Direct {
+    fn new(file: &File, direct: File) -> io::Result<Direct> {
+        let shared = Arc::new(DirectShared {
+            file: file.try_clone()?,
+            direct,
+            staging: WriteBehind::new(WRITE_BEHIND_CHUNK, WRITE_BEHIND_CHUNKS),
+            refused: AtomicBool::new(false),
+            flush_error: Mutex::new(None),
+        });
+        let (tx, rx) = mpsc::channel::<Completed>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut flushers = Vec::new();
+        for i in 0..FLUSHER_THREADS {
+            let (shared, rx) = (shared.clone(), rx.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("squeeze-flush-{i}"))
+                .spawn(move || loop {
+                    let next = rx.lock().recv();
+                    let Ok(c) = next else { return };
+                    if let Err(e) = shared.staging.write_completed(&*shared, c) {
+                        tracing::error!("writing a log chunk: {e}");
+                        shared.flush_error.lock().get_or_insert(e);
+                    }
+                })?;
+            flushers.push(t);
+        }
+        Ok(Direct {
+            shared,
+            to_flushers: Some(tx),
+            flushers,
+        })
+    }
+
+    fn write(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        let s = &*self.shared;
+        for c in s.staging.write(s, data, offset)? {
+            let unsent = match &self.to_flushers {
+                Some(tx) => tx.send(c).err().map(|e| e.0),
+                None => Some(c),
+            };
+            if let Some(c) = unsent {
+                s.staging.write_completed(s, c)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_out(&self) -> io::Result<()> {
+        if let Some(e) = self.shared.flush_error.lock().take() {
+            return Err(e);
+        }
+        self.shared.staging.write_out(&*self.shared)
+    }
+}
+
+impl Drop for Direct {
+    /// Staged bytes reach the file (not durably: that takes `sync`), as
+    /// page-cache writes would have.
+    fn drop(&mut self) {
+        self.to_flushers = None;
+        for t in self.flushers.drain(..) {
+            let _ = t.join();
+        }
+        if let Err(e) = self.write_out() {
+            tracing::error!("writing staged log bytes on close: {e}");
+        }
+    }
+}
+
+fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => {
+                buf[done..].fill(0);
+                return Ok(());
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 impl FileStorage {
     /// Opens an existing file for reading and writing, locked against any
     /// other process opening it (two writers would corrupt the log).
     pub fn open(path: &Path) -> io::Result<FileStorage> {
+        Self::open_with(path, IoMode::from_env())
+    }
+
+    /// `open` with the write path chosen by the caller.
+    pub fn open_with(path: &Path, mode: IoMode) -> io::Result<FileStorage> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
-        let s = FileStorage { file };
+        let direct = Self::open_direct(path, &file, mode)?;
+        let s = FileStorage { file, direct };
         s.lock(libc::LOCK_EX)?;
         Ok(s)
+    }
+
+    /// The O_DIRECT descriptor, or None where the mode or the file system
+    /// says no.
+    fn open_direct(path: &Path, file: &File, mode: IoMode) -> io::Result<Option<Direct>> {
+        if mode == IoMode::Buffered {
+            return Ok(None);
+        }
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+        {
+            Ok(direct) => Ok(Some(Direct::new(file, direct)?)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                tracing::info!(
+                    "{}: the file system refuses O_DIRECT; writing through the page cache",
+                    path.display()
+                );
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// How writes reach the file.
+    pub fn io_mode(&self) -> IoMode {
+        match &self.direct {
+            Some(d) if !d.shared.refused.load(Ordering::Relaxed) => IoMode::Direct,
+            _ => IoMode::Buffered,
+        }
     }
 
     /// Takes a shared lock: fails while a process has the volume open for
@@ -48,17 +252,23 @@ impl FileStorage {
     /// Opens an existing file read-only (for `check`, `info`, `stats`).
     pub fn open_read_only(path: &Path) -> io::Result<FileStorage> {
         let file = OpenOptions::new().read(true).open(path)?;
-        Ok(FileStorage { file })
+        Ok(FileStorage { file, direct: None })
     }
 
     /// Creates a new file; fails if it exists.
     pub fn create(path: &Path) -> io::Result<FileStorage> {
+        Self::create_with(path, IoMode::from_env())
+    }
+
+    /// `create` with the write path chosen by the caller.
+    pub fn create_with(path: &Path, mode: IoMode) -> io::Result<FileStorage> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .open(path)?;
-        let s = FileStorage { file };
+        let direct = Self::open_direct(path, &file, mode)?;
+        let s = FileStorage { file, direct };
         s.lock(libc::LOCK_EX)?;
         Ok(s)
     }
@@ -83,31 +293,32 @@ impl FileStorage {
 
 impl Storage for FileStorage {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let mut done = 0;
-        while done < buf.len() {
-            match self.file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => {
-                    buf[done..].fill(0);
-                    return Ok(());
-                }
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+        match &self.direct {
+            Some(d) => d.shared.staging.read(&*d.shared, buf, offset),
+            None => read_full(&self.file, buf, offset),
         }
-        Ok(())
     }
 
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.file.write_all_at(data, offset)
+        match &self.direct {
+            Some(d) => d.write(data, offset),
+            None => self.file.write_all_at(data, offset),
+        }
     }
 
     fn sync(&self) -> io::Result<()> {
+        if let Some(d) = &self.direct {
+            d.write_out()?;
+        }
         self.file.sync_data()
     }
 
     fn len(&self) -> io::Result<u64> {
-        Ok(self.file.metadata()?.len())
+        let on_disk = self.file.metadata()?.len();
+        Ok(match &self.direct {
+            Some(d) => on_disk.max(d.shared.staging.staged_end()),
+            None => on_disk,
+        })
     }
 
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -124,6 +335,9 @@ impl Storage for FileStorage {
     }
 
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        if let Some(d) = &self.direct {
+            d.shared.staging.discard(&*d.shared, offset, len)?;
+        }
         match self.fallocate(
             libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
             offset,
@@ -135,7 +349,7 @@ impl Storage for FileStorage {
                 let mut at = offset;
                 while at < offset + len {
                     let n = (offset + len - at).min(zeros.len() as u64) as usize;
-                    self.file.write_all_at(&zeros[..n], at)?;
+                    self.write_at(&zeros[..n], at)?;
                     at += n as u64;
                 }
                 Ok(())

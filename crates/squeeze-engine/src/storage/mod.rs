@@ -9,8 +9,9 @@
 
 mod file;
 mod sim;
+pub mod write_behind;
 
-pub use file::FileStorage;
+pub use file::{FileStorage, IoMode, WRITE_BEHIND_CHUNK, WRITE_BEHIND_CHUNKS};
 pub use sim::{SimFaults, SimStorage};
 
 use std::io;
