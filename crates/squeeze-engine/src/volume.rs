@@ -989,7 +989,23 @@ pub(crate) fn segment_header(uuid: &[u8; 16], seq: u64, segment: SegmentId) -> R
     }
 }
 
-fn item_header(uuid: &[u8; 16], item: &Item, buf: &[u8], seq: u64) -> RecordHeader {
+/// The payload CRC an item's record carries (0 for zero records).
+fn payload_crc(item: &Item, buf: &[u8]) -> u32 {
+    match item {
+        Item::Zero { .. } => 0,
+        _ => checksum::crc32c(item.payload(buf).1),
+    }
+}
+
+/// An item's record header; `payload_crc` from [`payload_crc`], computed
+/// once per append outside every lock.
+fn item_header(
+    uuid: &[u8; 16],
+    item: &Item,
+    buf: &[u8],
+    seq: u64,
+    payload_crc: u32,
+) -> RecordHeader {
     match item {
         Item::Zero { lba, sectors } => RecordHeader {
             kind: RecordKind::Zero,
@@ -1015,7 +1031,7 @@ fn item_header(uuid: &[u8; 16], item: &Item, buf: &[u8], seq: u64) -> RecordHead
                 sectors: *sectors,
                 stored_len: payload.len() as u32,
                 aux: *from,
-                payload_crc: checksum::crc32c(payload),
+                payload_crc,
             }
         }
         Item::Blob { lba, sectors, .. } => {
@@ -1029,7 +1045,7 @@ fn item_header(uuid: &[u8; 16], item: &Item, buf: &[u8], seq: u64) -> RecordHead
                 sectors: *sectors,
                 stored_len: payload.len() as u32,
                 aux: 0,
-                payload_crc: checksum::crc32c(payload),
+                payload_crc,
             }
         }
     }
@@ -1119,6 +1135,7 @@ impl Inner {
             .iter()
             .map(|it| crate::pipeline::policy::occupied(it.payload(buf).1.len()))
             .collect();
+        let crcs: Vec<u32> = items.iter().map(|it| payload_crc(it, buf)).collect();
         let (placements, ticket) = match inner.reserve(&lens, room) {
             Err(EngineError::NoSpace(_)) if room != Room::Cleaner => {
                 // Make room before answering ENOSPC: clean (relocate live
@@ -1129,7 +1146,7 @@ impl Inner {
             }
             r => r?,
         };
-        let result = self.write_placements(items, buf, &placements);
+        let result = self.write_placements(items, buf, &crcs, &placements);
         if let Err(e) = result {
             inner.poison(&e);
             inner.tickets.complete(ticket);
@@ -1139,7 +1156,7 @@ impl Inner {
             let mut st = inner.state.write();
             for p in placements.iter() {
                 let Some(i) = p.item else { continue };
-                let h = item_header(&inner.uuid, &items[i], buf, p.seq);
+                let h = item_header(&inner.uuid, &items[i], buf, p.seq, crcs[i]);
                 st.apply(&h, p.offset, inner.seg_size);
             }
         }
@@ -1175,42 +1192,61 @@ impl Inner {
     }
 
     /// Encodes the records of a reservation and writes each contiguous run
-    /// with one positional write.
-    fn write_placements(&self, items: &[Item], buf: &[u8], placements: &[Placement]) -> Result<()> {
-        let inner = self;
-        let mut run: Vec<u8> = Vec::new();
-        let mut run_start = 0u64;
-        let mut total = 0u64;
-        for p in placements {
-            if !run.is_empty() && run_start + run.len() as u64 != p.offset {
-                inner.storage.write_at(&run, run_start)?;
-                total += run.len() as u64;
-                run.clear();
-            }
-            if run.is_empty() {
-                run_start = p.offset;
-            }
-            let at = run.len();
+    /// with one positional write: the headers, the payloads where the codec
+    /// left them and the padding, gathered without a copy
+    /// (`Storage::write_parts_at`).
+    fn write_placements(
+        &self,
+        items: &[Item],
+        buf: &[u8],
+        crcs: &[u32],
+        placements: &[Placement],
+    ) -> Result<()> {
+        static PAD: [u8; RECORD_ALIGN as usize] = [0; RECORD_ALIGN as usize];
+        let mut headers = vec![0u8; placements.len() * RECORD_HEADER_SIZE];
+        for (p, h) in placements
+            .iter()
+            .zip(headers.chunks_exact_mut(RECORD_HEADER_SIZE))
+        {
             match p.item {
-                None => {
-                    run.resize(at + RECORD_HEADER_SIZE, 0);
-                    segment_header(&inner.uuid, p.seq, p.segment).encode(&mut run[at..]);
-                }
-                Some(i) => {
-                    let h = item_header(&inner.uuid, &items[i], buf, p.seq);
-                    let (_, payload) = items[i].payload(buf);
-                    run.resize(at + h.record_len() as usize, 0);
-                    h.encode(&mut run[at..]);
-                    run[at + RECORD_HEADER_SIZE..at + RECORD_HEADER_SIZE + payload.len()]
-                        .copy_from_slice(payload);
-                }
+                None => segment_header(&self.uuid, p.seq, p.segment).encode(h),
+                Some(i) => item_header(&self.uuid, &items[i], buf, p.seq, crcs[i]).encode(h),
             }
         }
-        if !run.is_empty() {
-            inner.storage.write_at(&run, run_start)?;
-            total += run.len() as u64;
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(placements.len() * 3);
+        let (mut run_start, mut run_end, mut total) = (0u64, 0u64, 0u64);
+        for (p, h) in placements
+            .iter()
+            .zip(headers.chunks_exact(RECORD_HEADER_SIZE))
+        {
+            if !parts.is_empty() && run_end != p.offset {
+                self.storage.write_parts_at(&parts, run_start)?;
+                total += run_end - run_start;
+                parts.clear();
+            }
+            if parts.is_empty() {
+                (run_start, run_end) = (p.offset, p.offset);
+            }
+            parts.push(h);
+            let mut len = RECORD_HEADER_SIZE as u64;
+            if let Some(i) = p.item {
+                let (_, payload) = items[i].payload(buf);
+                if !payload.is_empty() {
+                    parts.push(payload);
+                }
+                len = squeeze_format::align_record(len + payload.len() as u64);
+                let pad = (len - RECORD_HEADER_SIZE as u64) as usize - payload.len();
+                if pad > 0 {
+                    parts.push(&PAD[..pad]);
+                }
+            }
+            run_end += len;
         }
-        inner.counters.add(Counter::LogBytes, total);
+        if !parts.is_empty() {
+            self.storage.write_parts_at(&parts, run_start)?;
+            total += run_end - run_start;
+        }
+        self.counters.add(Counter::LogBytes, total);
         Ok(())
     }
 

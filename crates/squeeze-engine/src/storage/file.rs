@@ -127,9 +127,9 @@ impl Direct {
         })
     }
 
-    fn write(&self, data: &[u8], offset: u64) -> io::Result<()> {
+    fn write(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
         let s = &*self.shared;
-        for c in s.staging.write(s, data, offset)? {
+        for c in s.staging.write(s, parts, offset)? {
             let unsent = match &self.to_flushers {
                 Some(tx) => tx.send(c).err().map(|e| e.0),
                 None => Some(c),
@@ -301,8 +301,15 @@ impl Storage for FileStorage {
 
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         match &self.direct {
-            Some(d) => d.write(data, offset),
+            Some(d) => d.write(&[data], offset),
             None => self.file.write_all_at(data, offset),
+        }
+    }
+
+    fn write_parts_at(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
+        match &self.direct {
+            Some(d) => d.write(parts, offset),
+            None => self.file.write_all_at(&parts.concat(), offset),
         }
     }
 

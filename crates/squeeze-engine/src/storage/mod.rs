@@ -19,6 +19,11 @@ use std::io;
 pub trait Storage: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
+    /// Writes `parts` back to back from `offset`: the same as one `write_at`
+    /// of their concatenation (which the default builds).
+    fn write_parts_at(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
+        self.write_at(&parts.concat(), offset)
+    }
     /// Makes every completed write durable (fdatasync).
     fn sync(&self) -> io::Result<()>;
     /// Current length of the backing store in bytes.

@@ -165,6 +165,25 @@ impl Ranges {
     }
 }
 
+/// Fills `out` from `parts` starting at `from` (part index, offset in it);
+/// returns where the next byte comes from.
+fn gather(parts: &[&[u8]], from: (usize, usize), out: &mut [u8]) -> (usize, usize) {
+    let (mut p, mut o) = from;
+    let mut k = 0;
+    while k < out.len() {
+        let src = parts[p];
+        let take = (src.len() - o).min(out.len() - k);
+        out[k..k + take].copy_from_slice(&src[o..o + take]);
+        k += take;
+        o += take;
+        if o == src.len() {
+            p += 1;
+            o = 0;
+        }
+    }
+    (p, o)
+}
+
 struct ChunkState {
     /// None once the chunk has left the pool: its bytes are in the file.
     buf: Option<AlignedBuf>,
@@ -216,24 +235,32 @@ impl WriteBehind {
         index * self.chunk as u64
     }
 
-    /// Stages `data` at `offset`. Returns the chunks this write completed:
-    /// the caller passes each to `write_completed`, at once or from another
-    /// thread, so the writer need not wait for the device.
-    pub fn write(&self, disk: &dyn Disk, data: &[u8], offset: u64) -> io::Result<Vec<Completed>> {
+    /// Stages `parts`, back to back, at `offset`. Returns the chunks this
+    /// write completed: the caller passes each to `write_completed`, at once
+    /// or from another thread, so the writer need not wait for the device.
+    pub fn write(
+        &self,
+        disk: &dyn Disk,
+        parts: &[&[u8]],
+        offset: u64,
+    ) -> io::Result<Vec<Completed>> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
         let mut completed = Vec::new();
+        // Where the next byte comes from: part index, offset in the part.
+        let mut from = (0usize, 0usize);
         let mut done = 0usize;
-        while done < data.len() {
+        while done < total {
             let at = offset + done as u64;
             let index = at / self.chunk as u64;
             let within = (at % self.chunk as u64) as usize;
-            let n = (self.chunk - within).min(data.len() - done);
+            let n = (self.chunk - within).min(total - done);
             loop {
                 let c = self.get_or_stage(disk, index)?;
                 let mut st = c.state.lock();
                 let Some(buf) = st.buf.as_mut() else {
                     continue; // left the pool meanwhile: stage it again
                 };
-                buf[within..within + n].copy_from_slice(&data[done..done + n]);
+                from = gather(parts, from, &mut buf[within..within + n]);
                 st.valid.insert(within, within + n);
                 st.dirty = Some(match st.dirty {
                     None => (within, within + n),
@@ -514,7 +541,10 @@ mod tests {
 
     /// Stages and at once writes out what the write completed.
     fn put(wb: &WriteBehind, d: &dyn Disk, data: &[u8], offset: u64) {
-        for c in wb.write(d, data, offset).unwrap() {
+        // Cut into uneven parts, as records (header, payload, padding) are.
+        let cut = data.len() / 3;
+        let parts = [&data[..cut], &data[cut..cut], &data[cut..]];
+        for c in wb.write(d, &parts, offset).unwrap() {
             wb.write_completed(d, c).unwrap();
         }
     }
@@ -595,7 +625,7 @@ mod tests {
                         let off = rng.gen_range(0..span - len);
                         let v: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
                         if deferred {
-                            pending.extend(wb.write(&d, &v, off as u64).unwrap());
+                            pending.extend(wb.write(&d, &[&v], off as u64).unwrap());
                         } else {
                             put(&wb, &d, &v, off as u64);
                         }
