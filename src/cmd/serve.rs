@@ -54,9 +54,12 @@ pub struct Args {
     /// Policy of a volume this command creates.
     #[command(flatten)]
     pub policy: PolicyArgs,
-    /// NBD worker threads (requests executed at once, over all connections); default two per core, at least 4.
+    /// NBD worker threads (requests executed at once, over all connections); default 8 per core, at least 16 (reads mostly wait for the device).
     #[arg(long)]
     pub workers: Option<usize>,
+    /// Of those, WRITE requests executed at once (they are CPU-bound: the codec); default two per core, at least 4.
+    #[arg(long)]
+    pub write_workers: Option<usize>,
     /// Server certificate chain (PEM, leaf first) for TLS (NBD_OPT_STARTTLS).
     /// With --tls-key; TLS is then required unless --tls-mode allow.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -216,6 +219,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let mut config = ServerConfig::default();
     if let Some(w) = a.workers {
         config.workers = w.max(1);
+    }
+    if let Some(w) = a.write_workers {
+        config.write_workers = w.max(1);
     }
     config.tls = tls;
     if !a.allow_export.is_empty() {

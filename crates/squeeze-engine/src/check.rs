@@ -69,7 +69,7 @@ pub fn check(vol: &Volume, mut progress: impl FnMut(u64, u64)) -> CheckReport {
         let n = j - i;
         let res = {
             let _gate = inner.gate.read();
-            read_extent(inner, e, lba, &mut out[..n * SECTOR_SIZE])
+            read_extent(inner, e, lba, &mut out[..n * SECTOR_SIZE], true)
         };
         if let Err(err) = res {
             let msg = err.to_string();

@@ -541,6 +541,12 @@ impl Volume {
             runs.push((i, j, e));
             i = j;
         }
+        // A large request is a stream (a sequential read, a copy): its
+        // records come from the page cache only if already there, so it
+        // does not fill memory with pages read once. Small reads go through
+        // the page cache, which then holds compressed records for the reads
+        // of their other sectors.
+        let stream = out.len() >= READ_STREAM_MIN;
         // Records that follow each other in the log (a sequential write read
         // back) are fetched with one read: one system call instead of one per
         // record, which in this VM costs as much as copying 10-20 KiB.
@@ -567,11 +573,16 @@ impl Volume {
                     e,
                     lba + i as u64,
                     &mut out[i * SECTOR_SIZE..j * SECTOR_SIZE],
+                    stream,
                 )?;
             } else {
                 SPAN_BUF.with_borrow_mut(|span| -> Result<()> {
                     span.resize((end - first) as usize, 0);
-                    inner.storage.read_at(span, first)?;
+                    if stream {
+                        inner.storage.read_stream(span, first)?;
+                    } else {
+                        inner.storage.read_at(span, first)?;
+                    }
                     for &(i, j, e) in &runs[g..h] {
                         let at = (e.record_offset() - first) as usize;
                         let rec = &span[at..at + e.record_len() as usize];
@@ -1059,13 +1070,27 @@ thread_local! {
 
 /// Most bytes one read fetches for consecutive records.
 const READ_SPAN_MAX: u64 = 4 << 20;
+/// Requests from this size on read their records as a stream
+/// (`Storage::read_stream`).
+const READ_STREAM_MIN: usize = 64 << 10;
 
 /// Reads the sectors `out` covers from the record `e` points at (the first
 /// of them is `lba`, at index `e.index()` of the record).
-pub(crate) fn read_extent(inner: &Inner, e: MapEntry, lba: u64, out: &mut [u8]) -> Result<()> {
+/// With `stream`, through `Storage::read_stream`.
+pub(crate) fn read_extent(
+    inner: &Inner,
+    e: MapEntry,
+    lba: u64,
+    out: &mut [u8],
+    stream: bool,
+) -> Result<()> {
     READ_BUF.with_borrow_mut(|rec| {
         rec.resize(e.record_len() as usize, 0);
-        inner.storage.read_at(rec, e.record_offset())?;
+        if stream {
+            inner.storage.read_stream(rec, e.record_offset())?;
+        } else {
+            inner.storage.read_at(rec, e.record_offset())?;
+        }
         decode_extent(inner, e, lba, rec, out)
     })
 }

@@ -7,7 +7,7 @@
 //! refuses O_DIRECT or `SQUEEZE_IO=buffered` is set; then they go through
 //! the page cache as plain positional writes.
 
-use super::write_behind::{Completed, Disk, WriteBehind, BLOCK};
+use super::write_behind::{AlignedBuf, Completed, Disk, WriteBehind, BLOCK};
 use super::Storage;
 use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
@@ -74,9 +74,46 @@ struct DirectShared {
     flush_error: Mutex<Option<io::Error>>,
 }
 
+thread_local! {
+    /// Aligned bounce buffer for O_DIRECT reads.
+    static BOUNCE: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+}
+
 impl Disk for DirectShared {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         read_full(&self.file, buf, offset)
+    }
+
+    /// From the page cache if every byte is there, else with O_DIRECT
+    /// through an aligned bounce buffer.
+    fn read_stream(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if buf.len() < BLOCK || self.refused.load(Ordering::Relaxed) {
+            return read_full(&self.file, buf, offset);
+        }
+        if read_cached(&self.file, buf, offset) {
+            return Ok(());
+        }
+        let start = offset / BLOCK as u64 * BLOCK as u64;
+        let end = (offset + buf.len() as u64).div_ceil(BLOCK as u64) * BLOCK as u64;
+        let n = (end - start) as usize;
+        let at = (offset - start) as usize;
+        let r = BOUNCE.with_borrow_mut(|bounce| -> io::Result<()> {
+            if bounce.as_ref().is_none_or(|b| b.len() < n) {
+                *bounce = Some(AlignedBuf::new(n.next_power_of_two().max(128 << 10)));
+            }
+            let b = &mut bounce.as_mut().expect("bounce buffer")[..n];
+            read_direct(&self.direct, b, start)?;
+            buf.copy_from_slice(&b[at..at + buf.len()]);
+            Ok(())
+        });
+        match r {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                tracing::warn!("O_DIRECT read refused ({e}); using the page cache");
+                self.refused.store(true, Ordering::Relaxed);
+                read_full(&self.file, buf, offset)
+            }
+            r => r,
+        }
     }
 
     fn write_direct(&self, data: &[u8], offset: u64) -> io::Result<()> {
@@ -161,6 +198,81 @@ impl Drop for Direct {
             tracing::error!("writing staged log bytes on close: {e}");
         }
     }
+}
+
+/// Reads the range from the page cache if every page of it is there (asked
+/// with cachestat(2), which, unlike a RWF_NOWAIT read, starts no readahead
+/// that would fill the cache anyway); false when it is not, or when the
+/// kernel has no cachestat (before 6.5).
+fn read_cached(file: &File, buf: &mut [u8], offset: u64) -> bool {
+    static NO_CACHESTAT: AtomicBool = AtomicBool::new(false);
+    if NO_CACHESTAT.load(Ordering::Relaxed) {
+        return false;
+    }
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Cachestat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451; // the same on every architecture
+    let page = 4096u64;
+    let first = offset / page * page;
+    let range = Range {
+        off: first,
+        len: (offset + buf.len() as u64).div_ceil(page) * page - first,
+    };
+    let mut cs = Cachestat::default();
+    // SAFETY: cachestat reads `range` and writes `cs`, both live locals.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            &range as *const Range,
+            &mut cs as *mut Cachestat,
+            0u32,
+        )
+    };
+    if rc != 0 {
+        if io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+            NO_CACHESTAT.store(true, Ordering::Relaxed);
+        }
+        return false;
+    }
+    if cs.nr_cache * page < range.len {
+        return false;
+    }
+    // Every page is cached: an ordinary read copies them (a page evicted
+    // meanwhile is read from the device, correctly).
+    read_full(file, buf, offset).is_ok()
+}
+
+/// An O_DIRECT read of whole blocks; past the end of the file is zeros.
+fn read_direct(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => {
+                done += n;
+                if done % BLOCK != 0 {
+                    break; // the end of the file, inside a block
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf[done..].fill(0);
+    Ok(())
 }
 
 fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -294,7 +406,14 @@ impl FileStorage {
 impl Storage for FileStorage {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match &self.direct {
-            Some(d) => d.shared.staging.read(&*d.shared, buf, offset),
+            Some(d) => d.shared.staging.read(&*d.shared, buf, offset, false),
+            None => read_full(&self.file, buf, offset),
+        }
+    }
+
+    fn read_stream(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        match &self.direct {
+            Some(d) => d.shared.staging.read(&*d.shared, buf, offset, true),
             None => read_full(&self.file, buf, offset),
         }
     }

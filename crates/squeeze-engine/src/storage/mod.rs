@@ -18,6 +18,12 @@ use std::io;
 
 pub trait Storage: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Reads bytes not expected to be read again soon (a large sequential
+    /// read): from the page cache if they are all there, else around it, so
+    /// a stream does not fill memory with pages nobody reads twice.
+    fn read_stream(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read_at(buf, offset)
+    }
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
     /// Writes `parts` back to back from `offset`: the same as one `write_at`
     /// of their concatenation (which the default builds).

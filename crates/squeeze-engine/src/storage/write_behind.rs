@@ -39,6 +39,10 @@ pub const BLOCK: usize = 4096;
 pub trait Disk {
     /// Reads through the page cache; any alignment; past the end is zeros.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// As `read_at`, for bytes not expected to be read again soon.
+    fn read_stream(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.read_at(buf, offset)
+    }
     /// Writes `BLOCK`-aligned bytes from a `BLOCK`-aligned buffer, bypassing
     /// the page cache.
     fn write_direct(&self, data: &[u8], offset: u64) -> io::Result<()>;
@@ -297,13 +301,24 @@ impl WriteBehind {
         Ok(())
     }
 
-    /// Reads `buf` at `offset`: the file's bytes with staged bytes on top.
-    pub fn read(&self, disk: &dyn Disk, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    /// Reads `buf` at `offset`: the file's bytes (`Disk::read_stream` with
+    /// `stream`) with staged bytes on top.
+    pub fn read(
+        &self,
+        disk: &dyn Disk,
+        buf: &mut [u8],
+        offset: u64,
+        stream: bool,
+    ) -> io::Result<()> {
         if buf.is_empty() {
             return Ok(());
         }
         let staged = self.staged_in(offset, buf.len() as u64);
-        disk.read_at(buf, offset)?;
+        if stream {
+            disk.read_stream(buf, offset)?;
+        } else {
+            disk.read_at(buf, offset)?;
+        }
         for c in staged {
             let base = self.base(c.index);
             // The part of this chunk the read covers, relative to the chunk.
@@ -587,7 +602,7 @@ mod tests {
         let wb = WriteBehind::new(4 * BLOCK, 2);
         put(&wb, &d, &[1u8; 100], 5000);
         let mut r = vec![0u8; 3 * BLOCK];
-        wb.read(&d, &mut r, 0).unwrap();
+        wb.read(&d, &mut r, 0, false).unwrap();
         assert_eq!(
             &r[4999..5101],
             &[[7u8].as_slice(), &[1u8; 100], &[7u8]].concat()[..]
@@ -635,7 +650,7 @@ mod tests {
                         let len = rng.gen_range(1..3 * chunk);
                         let off = rng.gen_range(0..span - len);
                         let mut got = vec![0u8; len];
-                        wb.read(&d, &mut got, off as u64).unwrap();
+                        wb.read(&d, &mut got, off as u64, step % 2 == 0).unwrap();
                         assert!(got == model[off..off + len], "seed {seed} step {step}");
                     }
                     8 => {
@@ -681,7 +696,7 @@ mod tests {
                         let v = vec![(t * 31 + r) as u8 | 1; piece];
                         put(&wb, &*d, &v, off);
                         let mut got = vec![0u8; piece];
-                        wb.read(&*d, &mut got, off).unwrap();
+                        wb.read(&*d, &mut got, off, r % 2 == 0).unwrap();
                         assert_eq!(got, v, "thread {t} round {r}");
                     }
                 })
