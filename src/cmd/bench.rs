@@ -4,19 +4,21 @@
 //! 1. data: fio-like (buffer_compress_percentage per 4 KiB chunk, default
 //!    60) or the first --size bytes of --file, held in memory;
 //! 2. raw codec: the blobs the engine would make (max_blob each) through a
-//!    CPU pool of --threads workers, then decompressed by --threads threads;
+//!    CPU pool of --threads workers fed by --writers threads (default one per
+//!    codec thread), then decompressed by --threads threads;
 //! 3. warm-up (unless --no-warmup): the engine write of step 4 on a
 //!    throwaway volume, deleted before step 4, so that the timed pass does
 //!    not pay the first touch of never-used memory (reported as
 //!    cold_write_mbps);
-//! 4. engine write: a fresh volume, --threads writers of 1 MiB requests
+//! 4. engine write: a fresh volume, --writers threads writing 1 MiB requests
 //!    through `Volume::write_shared` (as the NBD server writes: the request
 //!    buffer becomes the codec's input without a copy, as in step 2)
 //!    (write_mbps until all are acknowledged, write_durable_mbps including
 //!    the final flush); engine read: the same requests read back twice,
-//!    first from the device (the log was written with O_DIRECT, so the page
-//!    cache holds none of it: cold_read_mbps), then again with the
-//!    compressed log in the page cache (read_mbps: the engine against the
+//!    first from the device (the log was written with O_DIRECT, and large
+//!    reads bypass a page cache that does not hold them: cold_read_mbps),
+//!    then, after an untimed read of the backing file through the page
+//!    cache, with every record there (read_mbps: the engine against the
 //!    codec, without the device), verified in a separate untimed pass;
 //! 5. all-zero writes from one thread.
 //!
@@ -58,6 +60,11 @@ pub struct Args {
     /// Compression worker threads (and raw-codec threads); default: cores.
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Requests in flight (threads submitting 1 MiB requests), for the raw
+    /// codec and the engine alike; default: one per compression thread (two
+    /// per thread measured no better here).
+    #[arg(long)]
+    pub writers: Option<usize>,
     /// Synthetic data: percentage of each 4 KiB chunk that compresses away
     /// (fio's buffer_compress_percentage).
     #[arg(long, default_value_t = 60)]
@@ -91,6 +98,8 @@ struct Report {
     machine: String,
     cores: usize,
     threads: usize,
+    /// Requests in flight, raw codec and engine alike.
+    writers: usize,
     algorithm: String,
     mode: String,
     max_blob: u32,
@@ -192,6 +201,15 @@ fn mid(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// Reads a file through the page cache, discarding the bytes.
+fn cache_file(path: &std::path::Path) -> Result<()> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    while f.read(&mut buf)? > 0 {}
+    Ok(())
+}
+
 /// Runs `f(request_index)` for every request on `n` threads; returns seconds.
 fn parallel(n: usize, requests: usize, f: impl Fn(usize) -> Result<()> + Sync) -> Result<f64> {
     let next = AtomicUsize::new(0);
@@ -224,6 +242,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = a.threads.unwrap_or(cores).max(1);
+    let writers = a.writers.unwrap_or(threads).max(1);
     let policy = a.policy.apply(default_policy())?;
     let alg = squeeze_codec::Algorithm::new(policy.codec, policy.level);
     let (data, what) = load_data(&a)?;
@@ -305,7 +324,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         if !codec {
             return Ok(0.0);
         }
-        parallel(threads, n_req, |i| {
+        parallel(writers, n_req, |i| {
             std::hint::black_box(pool.compress_batch(alg, jobs_of(i)));
             Ok(())
         })
@@ -345,7 +364,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         )?)
     };
     let write_all = |vol: &Volume| {
-        parallel(threads, n_req, |i| {
+        parallel(writers, n_req, |i| {
             let off = i * REQUEST;
             vol.write_shared(off as u64, &data, off..off + REQUEST, false)?;
             Ok(())
@@ -367,7 +386,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
         std::fs::remove_file(tmp.path().join("warmup.sqz"))?;
         mb / secs
     };
-    let writers = threads;
     let (mut w, mut fl, mut cw, mut r, mut cr) = (vec![], vec![], vec![], vec![], vec![]);
     let mut cold_r = vec![];
     let (mut rc, mut rd) = (vec![], vec![]);
@@ -386,8 +404,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         vol.flush()?;
         fl.push(t_flush.elapsed().as_secs_f64());
         cw.push(process_cpu_seconds() - cpu0);
+        // Reads decompress on the calling thread, as the raw pass does:
+        // --threads of them.
         let read_all = || {
-            parallel(writers, n_req, |i| {
+            parallel(threads, n_req, |i| {
                 let mut buf = vec![0u8; REQUEST];
                 vol.read((i * REQUEST) as u64, &mut buf)?;
                 std::hint::black_box(&buf);
@@ -395,6 +415,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
             })
         };
         cold_r.push(read_all()?);
+        // Untimed: the backing file through the page cache once, so the
+        // timed read finds every record there (streams take cached pages).
+        cache_file(&tmp.path().join("bench.sqz"))?;
         rd.push(raw_decompress()?);
         let cpu1 = process_cpu_seconds();
         r.push(read_all()?);
@@ -416,7 +439,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let (write_vs_raw, read_vs_raw) = (ratio_of(&rc, &w), ratio_of(&rd, &r));
     let st = vol.stats();
     // Untimed verification pass.
-    parallel(writers, n_req, |i| {
+    parallel(threads, n_req, |i| {
         let mut buf = vec![0u8; REQUEST];
         vol.read((i * REQUEST) as u64, &mut buf)?;
         if buf[..] != data[i * REQUEST..(i + 1) * REQUEST] {
@@ -450,6 +473,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         machine: machine(),
         cores,
         threads,
+        writers,
         algorithm: alg.to_string(),
         mode: policy.mode.name().into(),
         max_blob: policy.max_blob,
@@ -484,11 +508,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
         println!("machine          {}", r.machine);
         println!("data             {} of {}", human(r.bytes), r.data);
         println!(
-            "policy           {} {} max_blob {}, {} threads; speeds are medians of {} runs",
+            "policy           {} {} max_blob {}, {} threads, {} writers; speeds are medians of {} runs",
             r.algorithm,
             r.mode,
             human(u64::from(r.max_blob)),
             r.threads,
+            r.writers,
             r.reps
         );
         println!(
