@@ -578,11 +578,7 @@ impl Volume {
             } else {
                 SPAN_BUF.with_borrow_mut(|span| -> Result<()> {
                     span.resize((end - first) as usize, 0);
-                    if stream {
-                        inner.storage.read_stream(span, first)?;
-                    } else {
-                        inner.storage.read_at(span, first)?;
-                    }
+                    read_log(inner, span, first, stream)?;
                     for &(i, j, e) in &runs[g..h] {
                         let at = (e.record_offset() - first) as usize;
                         let rec = &span[at..at + e.record_len() as usize];
@@ -1086,13 +1082,20 @@ pub(crate) fn read_extent(
 ) -> Result<()> {
     READ_BUF.with_borrow_mut(|rec| {
         rec.resize(e.record_len() as usize, 0);
-        if stream {
-            inner.storage.read_stream(rec, e.record_offset())?;
-        } else {
-            inner.storage.read_at(rec, e.record_offset())?;
-        }
+        read_log(inner, rec, e.record_offset(), stream)?;
         decode_extent(inner, e, lba, rec, out)
     })
+}
+
+/// Reads log bytes: as a stream (`Storage::read_stream`) or through the
+/// page cache.
+fn read_log(inner: &Inner, buf: &mut [u8], offset: u64, stream: bool) -> Result<()> {
+    if stream {
+        inner.storage.read_stream(buf, offset)?;
+    } else {
+        inner.storage.read_at(buf, offset)?;
+    }
+    Ok(())
 }
 
 /// Checks the record `rec` (the `e.record_len()` bytes at `e.record_offset()`)

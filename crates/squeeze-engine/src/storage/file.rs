@@ -43,7 +43,13 @@ impl IoMode {
     pub fn from_env() -> IoMode {
         match std::env::var("SQUEEZE_IO").as_deref() {
             Ok("buffered") => IoMode::Buffered,
-            _ => IoMode::Direct,
+            Ok("direct") | Err(_) => IoMode::Direct,
+            Ok(other) => {
+                tracing::warn!(
+                    "SQUEEZE_IO={other:?} is neither `direct` nor `buffered`; using direct"
+                );
+                IoMode::Direct
+            }
         }
     }
 }
