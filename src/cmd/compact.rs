@@ -1,6 +1,9 @@
-//! `squeeze compact PATH`: run the cleaner to completion offline: every
-//! segment holding dead bytes is cleaned, a checkpoint frees the victims and
-//! they are punched out of the file. Prints what was reclaimed.
+//! `squeeze compact PATH`: bring a volume offline to its best ratio. First
+//! the merger rewrites every fragmented window (scattered small records
+//! left by small overwrites) as whole blobs (`--no-merge` skips it); then
+//! the cleaner runs to completion: every segment holding dead bytes is
+//! cleaned, a checkpoint frees the victims and they are punched out of the
+//! file. Prints what was merged and reclaimed.
 
 use crate::util::{human, open_volume, progress};
 use anyhow::Result;
@@ -15,11 +18,40 @@ pub struct Args {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Only clean: do not rewrite fragmented windows as whole blobs first.
+    #[arg(long)]
+    pub no_merge: bool,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
     let vol = open_volume(&a.path, false)?;
     let before = vol.stats();
+    let t0 = Instant::now();
+    let merged = if a.no_merge {
+        squeeze_engine::MergeReport::default()
+    } else {
+        let pb = (!a.json && std::io::stderr().is_terminal()).then(|| {
+            let pb = progress(0, "merging");
+            pb.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{msg} [{bar:40}] {percent}% of the LBA space",
+                )
+                .expect("template"),
+            );
+            pb
+        });
+        let r = vol.merge(|lba, total| {
+            if let Some(pb) = &pb {
+                pb.set_length(total);
+                pb.set_position(lba);
+            }
+        })?;
+        if let Some(pb) = pb {
+            pb.finish_and_clear();
+        }
+        r
+    };
+    let merge_secs = t0.elapsed().as_secs_f64();
     let pb = (!a.json && std::io::stderr().is_terminal()).then(|| {
         let pb = progress(0, "compacting");
         pb.set_style(
@@ -28,7 +60,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
         );
         pb
     });
-    let t0 = Instant::now();
     let rep = vol.compact(|done, total| {
         if let Some(pb) = &pb {
             pb.set_length(total);
@@ -38,7 +69,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
-    let secs = t0.elapsed().as_secs_f64();
+    let secs = t0.elapsed().as_secs_f64() - merge_secs;
     let after = vol.stats();
     vol.close()?;
     let reclaimed = before.physical_bytes.saturating_sub(after.physical_bytes);
@@ -47,6 +78,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "report": rep,
+                "merge": merged,
+                "merge_seconds": merge_secs,
                 "seconds": secs,
                 "physical_bytes_before": before.physical_bytes,
                 "physical_bytes_after": after.physical_bytes,
@@ -56,6 +89,21 @@ pub fn run(a: Args) -> Result<ExitCode> {
             }))?
         );
     } else {
+        if !a.no_merge {
+            println!(
+                "merged {} fragmented windows ({} rewritten as {} of records) in {:.2} s",
+                merged.windows,
+                human(merged.sectors * squeeze_engine::SECTOR_SIZE as u64),
+                human(merged.bytes_written),
+                merge_secs
+            );
+            if merged.corrupt_windows > 0 {
+                println!(
+                    "{} windows hold a record that failed its checksum and were left as they are: run `squeeze check`",
+                    merged.corrupt_windows
+                );
+            }
+        }
         println!(
             "compacted {}: cleaned {} segments, moved {} records ({} sectors, {} written, {} recompressed) in {:.2} s ({:.1} MB/s)",
             a.path.display(),

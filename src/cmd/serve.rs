@@ -695,6 +695,18 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
         |s: &VolumeStats| s.decompress_cpu_seconds
     );
     m!(
+        "garbage_bytes",
+        "Dead bytes in sealed log segments (what cleaning can reclaim).",
+        "gauge",
+        |s: &VolumeStats| s.garbage_bytes
+    );
+    m!(
+        "merged_bytes_total",
+        "Logical bytes the merger rewrote as whole blobs while clients were idle.",
+        "counter",
+        |s: &VolumeStats| s.merged_bytes
+    );
+    m!(
         "write_amplification",
         "Backing bytes written per stored client byte.",
         "gauge",

@@ -105,6 +105,11 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         s.recompressed_blobs
     );
     println!(
+        "merger                 {} rewritten as whole blobs ({} of records)",
+        human(s.merged_bytes),
+        human(s.merge_bytes_written)
+    );
+    println!(
         "map memory             {} ({:.2} bytes per mapped sector)",
         human(s.map_memory_bytes),
         s.map_bytes_per_mapped_sector

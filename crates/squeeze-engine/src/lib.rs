@@ -26,6 +26,7 @@ pub mod volume;
 pub use error::{EngineError, Result};
 pub use pipeline::policy::Hint;
 pub use space::cleaner::CleanReport;
+pub use space::merge::MergeReport;
 pub use squeeze_codec::{Algorithm, CompressEngine, CpuPool};
 pub use squeeze_format::{CodecId, CompressionMode, Policy, SECTOR_SIZE};
 pub use stats::VolumeStats;

@@ -43,9 +43,11 @@ counters! {
     Flushes = 23, "Flushes completed.";
     ClientBytesCompressed = 24, "Stored bytes of client data appended (payload plus header), for write amplification.";
     CleanerNs = 25, "Wall-clock nanoseconds the cleaner spent cleaning victims.";
+    MergedSectors = 26, "Sectors the merger rewrote as whole blobs.";
+    MergedBytes = 27, "Record bytes the merger appended.";
 }
 
-pub const COUNTERS: usize = 26;
+pub const COUNTERS: usize = 28;
 
 #[derive(Default)]
 pub struct Counters {
@@ -130,6 +132,13 @@ pub struct VolumeStats {
     pub cleaner_seconds: f64,
     /// Blobs the cleaner recompressed with the recompress algorithm.
     pub recompressed_blobs: u64,
+    /// Sectors the merger rewrote: fragmented windows (scattered small
+    /// records) written again as whole blobs while clients were idle.
+    #[serde(default)]
+    pub merged_bytes: u64,
+    /// Record bytes those rewrites appended to the log.
+    #[serde(default)]
+    pub merge_bytes_written: u64,
     /// Dead bytes in sealed log segments (what cleaning can reclaim).
     pub garbage_bytes: u64,
     pub segment_size: u64,

@@ -25,6 +25,7 @@ use crate::pipeline::compress::{encode, Item, Outcome};
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::split;
 use crate::space::cleaner::CleanReport;
+use crate::space::merge::MergeReport;
 use crate::space::{SegState, SegmentId, SegmentTable, Usage};
 use crate::stats::{Counter, Counters, VolumeStats};
 use crate::storage::Storage;
@@ -36,7 +37,7 @@ use squeeze_format::{
     SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
 };
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const SECTOR: u64 = SECTOR_SIZE as u64;
 /// Most bytes of client data one pipeline batch carries (bounds the memory
@@ -237,6 +238,9 @@ pub(crate) enum Room {
     Reserve,
     /// The cleaner's relocations.
     Cleaner,
+    /// The merger's rewrites: room as for client data (they never eat the
+    /// cleaner's reserve), counted apart from client data.
+    Merge,
 }
 
 /// Segments client data leaves free for the cleaner and for trims.
@@ -245,7 +249,7 @@ pub const CLEANER_RESERVE_SEGMENTS: u64 = 2;
 impl Room {
     fn extra_segments(self) -> u64 {
         match self {
-            Room::Data => 1 + CLEANER_RESERVE_SEGMENTS,
+            Room::Data | Room::Merge => 1 + CLEANER_RESERVE_SEGMENTS,
             Room::Reserve | Room::Cleaner => 1,
         }
     }
@@ -515,87 +519,8 @@ impl Volume {
     }
 
     /// Reads whole sectors from `lba` into `out`.
-    pub(crate) fn read_sectors(&self, lba: u64, out: &mut [u8]) -> Result<()> {
-        let inner = &*self.inner;
-        let n = out.len() / SECTOR_SIZE;
-        let _gate = inner.gate.read();
-        let mut entries = vec![MapEntry::UNMAPPED; n];
-        inner.state.read().map.get_range(lba, &mut entries);
-        // Runs of sectors i..j that come from consecutive indices of one record.
-        let mut runs: Vec<(usize, usize, MapEntry)> = Vec::new();
-        let mut i = 0;
-        while i < n {
-            let e = entries[i];
-            if !e.is_mapped() {
-                out[i * SECTOR_SIZE..(i + 1) * SECTOR_SIZE].fill(0);
-                i += 1;
-                continue;
-            }
-            let mut j = i + 1;
-            while j < n
-                && entries[j].record_offset() == e.record_offset()
-                && entries[j].index() == e.index() + (j - i) as u32
-            {
-                j += 1;
-            }
-            runs.push((i, j, e));
-            i = j;
-        }
-        // A large request is a stream (a sequential read, a copy): its
-        // records come from the page cache only if already there, so it
-        // does not fill memory with pages read once. Small reads go through
-        // the page cache, which then holds compressed records for the reads
-        // of their other sectors.
-        let stream = out.len() >= READ_STREAM_MIN;
-        // Records that follow each other in the log (a sequential write read
-        // back) are fetched with one read: one system call instead of one per
-        // record, which in this VM costs as much as copying 10-20 KiB.
-        let mut g = 0;
-        while g < runs.len() {
-            let first = runs[g].2.record_offset();
-            let mut end = first + runs[g].2.record_len();
-            let mut h = g + 1;
-            while h < runs.len() {
-                let e = runs[h].2;
-                let next_end = e.record_offset() + e.record_len();
-                if e.record_offset() != end.next_multiple_of(RECORD_ALIGN)
-                    || next_end - first > READ_SPAN_MAX
-                {
-                    break;
-                }
-                end = next_end;
-                h += 1;
-            }
-            if h == g + 1 {
-                let (i, j, e) = runs[g];
-                read_extent(
-                    inner,
-                    e,
-                    lba + i as u64,
-                    &mut out[i * SECTOR_SIZE..j * SECTOR_SIZE],
-                    stream,
-                )?;
-            } else {
-                SPAN_BUF.with_borrow_mut(|span| -> Result<()> {
-                    span.resize((end - first) as usize, 0);
-                    read_log(inner, span, first, stream)?;
-                    for &(i, j, e) in &runs[g..h] {
-                        let at = (e.record_offset() - first) as usize;
-                        let rec = &span[at..at + e.record_len() as usize];
-                        decode_extent(
-                            inner,
-                            e,
-                            lba + i as u64,
-                            rec,
-                            &mut out[i * SECTOR_SIZE..j * SECTOR_SIZE],
-                        )?;
-                    }
-                    Ok(())
-                })?;
-            }
-            g = h;
-        }
-        Ok(())
+    fn read_sectors(&self, lba: u64, out: &mut [u8]) -> Result<()> {
+        self.inner.read_sectors(lba, out)
     }
 
     /// Writes `data` at byte `offset`; with `fua`, durable on return.
@@ -775,6 +700,15 @@ impl Volume {
         crate::space::cleaner::background_pass(&self.inner)
     }
 
+    /// Rewrites every fragmented window (scattered small records) as whole
+    /// blobs with the current policy; see [`crate::space::merge`]. The
+    /// records it replaces become garbage for [`Volume::compact`].
+    /// `progress(lba, total_sectors)`.
+    pub fn merge(&self, progress: impl FnMut(u64, u64)) -> Result<MergeReport> {
+        self.writable()?;
+        crate::space::merge::merge_all(&self.inner, progress)
+    }
+
     /// Cleans every segment that holds dead bytes, then checkpoints so the
     /// victims are freed and punched out. `progress(done, total)` victims.
     pub fn compact(&self, progress: impl FnMut(u64, u64)) -> Result<CleanReport> {
@@ -894,6 +828,8 @@ impl Volume {
             cleaner_bytes_moved: c.get(Counter::CleanerBytesMoved),
             cleaner_seconds: c.get(Counter::CleanerNs) as f64 / 1e9,
             recompressed_blobs: c.get(Counter::RecompressedBlobs),
+            merged_bytes: c.get(Counter::MergedSectors) * SECTOR,
+            merge_bytes_written: c.get(Counter::MergedBytes),
             garbage_bytes: crate::space::cleaner::garbage(inner).0,
             segment_size: inner.seg_size,
             map_memory_bytes: map_mem,
@@ -1156,6 +1092,90 @@ fn decode_extent(inner: &Inner, e: MapEntry, lba: u64, rec: &[u8], out: &mut [u8
 }
 
 impl Inner {
+    /// Reads whole sectors from `lba` into `out` (holes read as zeros).
+    pub(crate) fn read_sectors(&self, lba: u64, out: &mut [u8]) -> Result<()> {
+        let inner = self;
+        let n = out.len() / SECTOR_SIZE;
+        let _gate = inner.gate.read();
+        let mut entries = vec![MapEntry::UNMAPPED; n];
+        inner.state.read().map.get_range(lba, &mut entries);
+        // Runs of sectors i..j that come from consecutive indices of one record.
+        let mut runs: Vec<(usize, usize, MapEntry)> = Vec::new();
+        let mut i = 0;
+        while i < n {
+            let e = entries[i];
+            if !e.is_mapped() {
+                out[i * SECTOR_SIZE..(i + 1) * SECTOR_SIZE].fill(0);
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < n
+                && entries[j].record_offset() == e.record_offset()
+                && entries[j].index() == e.index() + (j - i) as u32
+            {
+                j += 1;
+            }
+            runs.push((i, j, e));
+            i = j;
+        }
+        // A large request is a stream (a sequential read, a copy): its
+        // records come from the page cache only if already there, so it
+        // does not fill memory with pages read once. Small reads go through
+        // the page cache, which then holds compressed records for the reads
+        // of their other sectors.
+        let stream = out.len() >= READ_STREAM_MIN;
+        // Records that follow each other in the log (a sequential write read
+        // back) are fetched with one read: one system call instead of one per
+        // record, which in this VM costs as much as copying 10-20 KiB.
+        let mut g = 0;
+        while g < runs.len() {
+            let first = runs[g].2.record_offset();
+            let mut end = first + runs[g].2.record_len();
+            let mut h = g + 1;
+            while h < runs.len() {
+                let e = runs[h].2;
+                let next_end = e.record_offset() + e.record_len();
+                if e.record_offset() != end.next_multiple_of(RECORD_ALIGN)
+                    || next_end - first > READ_SPAN_MAX
+                {
+                    break;
+                }
+                end = next_end;
+                h += 1;
+            }
+            if h == g + 1 {
+                let (i, j, e) = runs[g];
+                read_extent(
+                    inner,
+                    e,
+                    lba + i as u64,
+                    &mut out[i * SECTOR_SIZE..j * SECTOR_SIZE],
+                    stream,
+                )?;
+            } else {
+                SPAN_BUF.with_borrow_mut(|span| -> Result<()> {
+                    span.resize((end - first) as usize, 0);
+                    read_log(inner, span, first, stream)?;
+                    for &(i, j, e) in &runs[g..h] {
+                        let at = (e.record_offset() - first) as usize;
+                        let rec = &span[at..at + e.record_len() as usize];
+                        decode_extent(
+                            inner,
+                            e,
+                            lba + i as u64,
+                            rec,
+                            &mut out[i * SECTOR_SIZE..j * SECTOR_SIZE],
+                        )?;
+                    }
+                    Ok(())
+                })?;
+            }
+            g = h;
+        }
+        Ok(())
+    }
+
     /// Appends encoded items to the log and installs them in the map.
     pub(crate) fn append(&self, items: &[Item], buf: &[u8], room: Room) -> Result<()> {
         let inner = self;
@@ -1202,8 +1222,13 @@ impl Inner {
                 } => {
                     let raw = u64::from(*sectors) * SECTOR;
                     let (codec, payload) = it.payload(buf);
-                    c.add(Counters::codec_bytes(codec), raw);
-                    c.add(Counter::ClientBytesCompressed, *len);
+                    if room == Room::Merge {
+                        c.add(Counter::MergedSectors, u64::from(*sectors));
+                        c.add(Counter::MergedBytes, *len);
+                    } else {
+                        c.add(Counters::codec_bytes(codec), raw);
+                        c.add(Counter::ClientBytesCompressed, *len);
+                    }
                     match outcome {
                         Outcome::Compressed => {
                             c.add(Counter::BlobsCompressed, 1);
@@ -1444,16 +1469,88 @@ impl Inner {
     }
 }
 
+/// Clients quiet this long, and the maintenance thread works without pause.
+pub const IDLE_AFTER: Duration = Duration::from_secs(1);
+
+/// Changes whenever a client reads, writes, trims or zeroes.
+fn client_activity(inner: &Inner) -> u64 {
+    let c = &inner.counters;
+    c.get(Counter::BytesWritten)
+        .wrapping_add(c.get(Counter::BytesRead))
+        .wrapping_add(c.get(Counter::SectorsTrimmed))
+}
+
+/// The merger's state in the maintenance thread.
+#[derive(Default)]
+struct MergeState {
+    cursor: crate::space::merge::Cursor,
+    /// Clients wrote since the current sweep began.
+    dirty: bool,
+    /// Client activity at which a whole sweep found nothing to merge: no
+    /// sweep until it changes.
+    settled: Option<u64>,
+}
+
+/// One step of work while clients are idle; false when there is none left.
+fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
+    use crate::space::{cleaner, merge};
+    // Merging turns the records it replaces into garbage: collect it first
+    // once there is as much as the busy cleaner would start at.
+    let (dead, total) = cleaner::garbage(inner);
+    if total > 0 && dead as f64 > cleaner::GARBAGE_FRACTION_START * total as f64 {
+        match cleaner::background_pass(inner) {
+            Ok(Some(_)) => return true,
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!("cleaner pass failed: {e}");
+                return false;
+            }
+        }
+    }
+    if ms.settled != Some(activity) && merge::worthwhile(inner) {
+        if ms.cursor.lba == 0 {
+            ms.cursor.merged_this_sweep = 0;
+            ms.dirty = false;
+        }
+        match merge::step(inner, &mut ms.cursor) {
+            Ok((_, done)) => {
+                if done && ms.cursor.merged_this_sweep == 0 && !ms.dirty {
+                    ms.settled = Some(activity);
+                }
+            }
+            Err(e) => {
+                // Out of room or read-only: try again after clients did
+                // something.
+                tracing::info!("merger stopped: {e}");
+                ms.settled = Some(activity);
+            }
+        }
+        return true;
+    }
+    match cleaner::idle_pass(inner) {
+        Ok(r) => r.is_some(),
+        Err(e) => {
+            tracing::warn!("cleaner pass failed: {e}");
+            false
+        }
+    }
+}
+
 fn maintenance_loop(inner: &Arc<Inner>) {
     let (m, cv) = &inner.stop;
     let mut pause = Duration::from_millis(500);
+    let mut activity = client_activity(inner);
+    let mut active_at = Instant::now();
+    let mut ms = MergeState::default();
     loop {
         {
             let mut stop = m.lock();
             if *stop {
                 return;
             }
-            cv.wait_for(&mut stop, pause);
+            if !pause.is_zero() {
+                cv.wait_for(&mut stop, pause);
+            }
             if *stop {
                 return;
             }
@@ -1462,13 +1559,27 @@ fn maintenance_loop(inner: &Arc<Inner>) {
         if inner.poisoned.lock().is_some() {
             continue;
         }
-        // Clean one victim; then rest as long as it took, so client I/O
-        // keeps at least half of the time.
-        let t0 = std::time::Instant::now();
-        match crate::space::cleaner::background_pass(inner) {
-            Ok(Some(_)) => pause = t0.elapsed().max(Duration::from_millis(1)),
-            Ok(None) => {}
-            Err(e) => tracing::warn!("cleaner pass failed: {e}"),
+        let a = client_activity(inner);
+        if a != activity {
+            activity = a;
+            active_at = Instant::now();
+            ms.dirty = true;
+        }
+        if active_at.elapsed() >= IDLE_AFTER {
+            // Clients are away: merge and clean without pause, one bounded
+            // step at a time, so a request that arrives waits for one step.
+            if idle_step(inner, &mut ms, activity) {
+                pause = Duration::ZERO;
+            }
+        } else {
+            // Clean one victim; then rest as long as it took, so client I/O
+            // keeps at least half of the time.
+            let t0 = Instant::now();
+            match crate::space::cleaner::background_pass(inner) {
+                Ok(Some(_)) => pause = t0.elapsed().max(Duration::from_millis(1)),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("cleaner pass failed: {e}"),
+            }
         }
         let due = inner.log.lock().bytes_since_checkpoint >= CHECKPOINT_LOG_BYTES;
         if due || inner.reclaimable() {

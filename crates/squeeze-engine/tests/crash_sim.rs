@@ -1,6 +1,6 @@
 //! The durability proof: a seeded simulator runs random operation sequences
 //! (write, unaligned write, FUA write, overwrite, trim, write-zeroes, flush,
-//! checkpoint, cleaner pass, compaction, clean reopen, crash between operations, crash at a chosen
+//! checkpoint, cleaner pass, merge, compaction, clean reopen, crash between operations, crash at a chosen
 //! I/O inside an operation, crash during recovery) against a model, on a
 //! simulated disk that keeps a random page-granular subset of unsynced
 //! writes at each crash.
@@ -183,7 +183,8 @@ fn run_seed(seed: u64) {
             }
             73..=75 => vol.checkpoint(),
             76..=77 => vol.clean_pass().map(|_| ()),
-            78..=79 => vol.compact(|_, _| {}).map(|_| ()),
+            78 => vol.merge(|_, _| {}).map(|_| ()),
+            79 => vol.compact(|_, _| {}).map(|_| ()),
             80..=84 if !armed => {
                 // Clean close and reopen: everything is durable.
                 vol.close().unwrap();

@@ -22,8 +22,10 @@
 //!
 //! Priority: the background thread cleans one victim at a time and sleeps
 //! as long as the victim took before the next, so client I/O keeps at
-//! least half of the machine; a write that finds no room cleans in the
-//! foreground before answering ENOSPC.
+//! least half of the machine; once clients have been idle for a second it
+//! works without pause, down to segments 90% live (`idle_pass`), and the
+//! merger (`space::merge`) rewrites fragmented windows first. A write that
+//! finds no room cleans in the foreground before answering ENOSPC.
 
 use crate::error::Result;
 use crate::meta::checkpoint;
@@ -45,6 +47,9 @@ const APPEND_BYTES_MAX: usize = 4 << 20;
 pub const GARBAGE_FRACTION_START: f64 = 0.15;
 /// ... and picks victims whose live fraction is below this.
 pub const VICTIM_LIVE_MAX: f64 = 0.85;
+/// While clients are idle, segments below this live fraction are cleaned
+/// whatever the total garbage.
+pub const IDLE_VICTIM_LIVE_MAX: f64 = 0.9;
 /// When free room is short, any segment below this live fraction will do.
 pub const VICTIM_LIVE_MAX_TIGHT: f64 = 0.98;
 
@@ -373,6 +378,19 @@ pub(crate) fn make_room(inner: &Inner) -> Result<()> {
 /// One bounded background pass: at most one victim. Returns None when there
 /// is nothing worth cleaning.
 pub(crate) fn background_pass(inner: &Inner) -> Result<Option<CleanReport>> {
+    pass(inner, GARBAGE_FRACTION_START, VICTIM_LIVE_MAX)
+}
+
+/// One pass while clients are idle: any segment below
+/// [`IDLE_VICTIM_LIVE_MAX`] is worth its copy then.
+pub(crate) fn idle_pass(inner: &Inner) -> Result<Option<CleanReport>> {
+    pass(inner, 0.0, IDLE_VICTIM_LIVE_MAX)
+}
+
+/// Cleans one victim below `max_live` once dead bytes exceed `start` of the
+/// sealed segments (any victim below the tight limit when free segments run
+/// short).
+fn pass(inner: &Inner, start: f64, max_live: f64) -> Result<Option<CleanReport>> {
     let _one = inner.cleaner_lock.lock();
     let (dead, total) = garbage(inner);
     let tight = {
@@ -381,8 +399,8 @@ pub(crate) fn background_pass(inner: &Inner) -> Result<Option<CleanReport>> {
     };
     let max_live = if tight {
         VICTIM_LIVE_MAX_TIGHT
-    } else if total > 0 && dead as f64 > GARBAGE_FRACTION_START * total as f64 {
-        VICTIM_LIVE_MAX
+    } else if total > 0 && dead > 0 && dead as f64 > start * total as f64 {
+        max_live
     } else {
         return Ok(None);
     };

@@ -12,6 +12,7 @@
 //!   nor the replay after it can refer to it).
 
 pub mod cleaner;
+pub mod merge;
 
 use squeeze_format::MapEntry;
 use std::collections::BTreeSet;

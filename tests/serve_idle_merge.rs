@@ -1,0 +1,81 @@
+//! A served volume gets its ratio back by itself: after scattered 4 KiB
+//! overwrites, once the client goes quiet the server merges the fragmented
+//! windows into whole blobs (`merged_bytes` in live stats) without changing
+//! a byte the client reads; afterwards `squeeze compact` finds nothing left
+//! to merge and `squeeze check` finds the volume clean.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+#[test]
+fn idle_server_merges_small_overwrites() {
+    let w = Workdir::new();
+    let srv = Serve::start(&w, &[]);
+    let mut c = srv.client(true);
+    let len = 8usize << 20;
+    let mut model = mixed_data(len, 1);
+    for (k, chunk) in model.chunks(128 << 10).enumerate() {
+        assert_eq!(c.write((k as u64) << 17, chunk), 0);
+    }
+    // Overwrite one data sector in every other 128 KiB window (mixed_data
+    // has zero runs, which stay holes and are not merged).
+    let nonzero = |s: &[u8]| s.iter().any(|&b| b != 0);
+    let mut touched = BTreeSet::new();
+    let mut want = 0u64;
+    for (k, win) in model.clone().chunks(128 << 10).enumerate() {
+        let data_sectors: Vec<usize> = win
+            .chunks(4096)
+            .enumerate()
+            .filter(|(_, s)| nonzero(s))
+            .map(|(i, _)| i)
+            .collect();
+        if k % 2 == 1 || data_sectors.is_empty() {
+            continue;
+        }
+        let i = data_sectors[k % data_sectors.len()];
+        let off = ((k as u64) << 17) + 4096 * i as u64;
+        let d: Vec<u8> = mixed_data(4096, 100 + k as u64)
+            .iter()
+            .map(|b| b ^ 0x5a)
+            .collect();
+        assert_eq!(c.write(off, &d), 0);
+        model[off as usize..off as usize + 4096].copy_from_slice(&d);
+        touched.insert(k);
+        want += 4096 * data_sectors.len() as u64;
+    }
+    assert_eq!(c.flush(), 0);
+    let before = live_stats(&srv);
+    assert_eq!(before["merged_bytes"].as_u64(), Some(0), "{before}");
+    assert!(touched.len() >= 16);
+    // The client stays connected and quiet.
+    let t0 = Instant::now();
+    let merged = loop {
+        let s = live_stats(&srv);
+        let m = s["merged_bytes"].as_u64().unwrap();
+        if m >= want {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{m} of {want} bytes merged after a minute idle: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        merged["stored_bytes"].as_u64() < before["stored_bytes"].as_u64(),
+        "{before}\n{merged}"
+    );
+    for (k, chunk) in model.chunks(1 << 20).enumerate() {
+        let got = c.read((k as u64) << 20, 1 << 20).expect("read");
+        assert!(got == chunk, "MiB {k} differs after the merge");
+    }
+    drop(c);
+    srv.stop();
+    let out = run(squeeze().arg("compact").arg("--json").arg(w.volume()));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["merge"]["windows"].as_u64(), Some(0), "{out}");
+    run(squeeze().arg("check").arg(w.volume()));
+}
