@@ -1,5 +1,6 @@
 //! The merger: windows fragmented by small overwrites are rewritten as whole
-//! blobs without changing a byte clients read, the stored size falls back
+//! blobs without changing a byte clients read (windows with a few small
+//! overwrites are left to the cleaner), the stored size falls back
 //! towards that of sequential writes, merging races safely with client
 //! writes (also across a reopen), a corrupt record keeps its window out of
 //! it, and a volume whose clients go idle merges by itself.
@@ -21,23 +22,36 @@ const S: u64 = SECTOR_SIZE as u64;
 const W: u64 = 32;
 
 /// Writes `len` bytes of fio-like data in 128 KiB requests, then overwrites
-/// `n` random sectors of it with fresh data. Returns the model and the
-/// windows the overwrites touched.
-fn fragment(v: &Volume, seed: u64, len: usize, n: usize) -> (Vec<u8>, BTreeSet<u64>) {
+/// 12 random sectors of every third window with fresh data (fragmented
+/// enough to merge) and 2 of the next window (not enough). Returns the
+/// model and the heavily overwritten windows.
+fn fragment(v: &Volume, seed: u64, len: usize) -> (Vec<u8>, BTreeSet<u64>) {
     let mut r = rng(seed);
     let mut model = data(&mut r, 3, len);
     for (k, c) in model.chunks(128 << 10).enumerate() {
         v.write((k as u64) << 17, c, false).unwrap();
     }
-    let mut touched = BTreeSet::new();
-    for _ in 0..n {
-        let lba = r.gen_range(0..len as u64 / S);
-        let d = data(&mut r, 3, SECTOR_SIZE);
-        v.write(lba * S, &d, false).unwrap();
-        model[(lba * S) as usize..((lba + 1) * S) as usize].copy_from_slice(&d);
-        touched.insert(lba / W);
+    let mut heavy = BTreeSet::new();
+    for win in 0..len as u64 / S / W {
+        let n = match win % 3 {
+            0 => 12,
+            1 => 2,
+            _ => 0,
+        };
+        let mut lbas = BTreeSet::new();
+        while lbas.len() < n {
+            lbas.insert(win * W + r.gen_range(0..W));
+        }
+        for lba in lbas {
+            let d = data(&mut r, 3, SECTOR_SIZE);
+            v.write(lba * S, &d, false).unwrap();
+            model[(lba * S) as usize..((lba + 1) * S) as usize].copy_from_slice(&d);
+        }
+        if n == 12 {
+            heavy.insert(win);
+        }
     }
-    (model, touched)
+    (model, heavy)
 }
 
 fn read_all(v: &Volume, len: usize) -> Vec<u8> {
@@ -50,7 +64,7 @@ fn read_all(v: &Volume, len: usize) -> Vec<u8> {
 fn merge_rewrites_fragmented_windows_as_whole_blobs() {
     let (s, v) = sim_volume(64 * MIB, Some(default_policy()));
     let len = 4 * MIB as usize;
-    let (model, touched) = fragment(&v, 7, len, 200);
+    let (model, touched) = fragment(&v, 7, len);
     let before = v.stats();
     let rep = v.merge(|_, _| {}).unwrap();
     assert_eq!(rep.windows, touched.len() as u64, "{rep:?}");
@@ -105,7 +119,7 @@ fn whole_blobs_and_holes_are_left_alone() {
 fn merge_races_with_client_writes() {
     let (s, v) = sim_volume(64 * MIB, Some(default_policy()));
     let len = 2 * MIB as usize;
-    let (model, _) = fragment(&v, 11, len, 100);
+    let (model, _) = fragment(&v, 11, len);
     let v = Arc::new(v);
     let model = Arc::new(parking_lot::Mutex::new(model));
     // Writers own the sectors of their residue mod 3, so the final content
@@ -181,8 +195,11 @@ fn a_corrupt_record_keeps_its_window_out_of_the_merge() {
     let len = MIB as usize;
     let mut model = data(&mut r, 3, len);
     v.write(0, &model, false).unwrap();
-    // One small overwrite in window 0 and one in window 2.
-    for lba in [5u64, 2 * W + 9] {
+    // Eight small overwrites in window 0 (LBA 5 among them) and in window 2.
+    for lba in (0..8)
+        .map(|i| i * 3 + 2)
+        .chain((0..8).map(|i| 2 * W + i * 3 + 1))
+    {
         let d = data(&mut r, 3, SECTOR_SIZE);
         v.write(lba * S, &d, false).unwrap();
         model[(lba * S) as usize..((lba + 1) * S) as usize].copy_from_slice(&d);
@@ -209,7 +226,7 @@ fn a_corrupt_record_keeps_its_window_out_of_the_merge() {
 fn idle_clients_get_their_ratio_back() {
     let (s, v) = sim_volume(64 * MIB, Some(default_policy()));
     let len = 4 * MIB as usize;
-    let (model, touched) = fragment(&v, 9, len, 300);
+    let (model, touched) = fragment(&v, 9, len);
     v.close().unwrap();
     let v = Volume::open(
         s.clone(),

@@ -15,9 +15,13 @@
 //! the volume returns to the ratio of its sequential writes.
 //!
 //! A window is fragmented when its mapped sectors lie in more record pieces
-//! than they form contiguous runs and one of those records is a small one
-//! (under half of `max_blob`): blobs that are merely unaligned to the window
-//! are left alone.
+//! than they form contiguous runs and at least a quarter of them
+//! ([`SMALL_SHARE_MIN`]) lie in small records (under half of `max_blob`).
+//! Blobs that are merely unaligned to the window are left alone, and so is
+//! a window with a few small overwrites: rewriting 128 KiB for one 4 KiB
+//! write would cost more device writes than it saves (a window is rewritten
+//! at most once per 8 small overwrites of it, a write amplification of at
+//! most 4 on those writes), and the cleaner frees the dead sectors there.
 //!
 //! When: only while clients are idle (the maintenance thread, one bounded
 //! step at a time, stopping as soon as a request arrives), and in
@@ -39,9 +43,16 @@ use crate::stats::Counter;
 use crate::volume::{Inner, Room};
 use squeeze_format::{CodecId, CompressionMode, MapEntry, SECTOR_SIZE};
 
+/// A window is merged once at least this share of its mapped sectors lies
+/// in small records.
+pub const SMALL_SHARE_MIN: f64 = 0.25;
+
 /// Windows one step looks at, at most (one range lock spans them: 2 MiB of
 /// LBA space with 128 KiB blobs).
 const STEP_WINDOWS: u64 = 16;
+
+/// Threads reading the windows of one step.
+const READERS: usize = 4;
 
 /// What merging did.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -79,7 +90,8 @@ pub(crate) struct Cursor {
 fn fragmented(entries: &[MapEntry], max_blob_sectors: u32) -> bool {
     let mut runs = 0;
     let mut pieces = 0;
-    let mut small = false;
+    let mut mapped = 0;
+    let mut small = 0;
     let mut prev: Option<MapEntry> = None;
     for &e in entries {
         if !e.is_mapped() {
@@ -96,10 +108,13 @@ fn fragmented(entries: &[MapEntry], max_blob_sectors: u32) -> bool {
             }
             Some(_) => {}
         }
-        small |= e.sectors() * 2 < max_blob_sectors;
+        mapped += 1;
+        if e.sectors() * 2 < max_blob_sectors {
+            small += 1;
+        }
         prev = Some(e);
     }
-    small && pieces > runs
+    pieces > runs && small > 0 && small as f64 >= SMALL_SHARE_MIN * mapped as f64
 }
 
 /// True when the policy compresses, so that merging can gain anything.
@@ -160,14 +175,44 @@ fn merge_span(
     let mut rep = MergeReport::default();
     let mut buf = vec![0u8; entries.len() * SECTOR_SIZE];
     let mut pieces = Vec::new();
-    for (k, win) in entries.chunks(w).enumerate() {
-        if !fragmented(win, policy.max_blob_sectors()) {
-            continue;
-        }
+    // Read the fragmented windows, READERS at a time: their small records
+    // lie all over the log, one read each, so the time goes in the
+    // device's latency, which parallel reads overlap.
+    let wanted: Vec<(usize, &mut [u8])> = buf
+        .chunks_mut(w * SECTOR_SIZE)
+        .enumerate()
+        .filter(|(k, _)| {
+            let win = &entries[k * w..((k + 1) * w).min(entries.len())];
+            fragmented(win, policy.max_blob_sectors())
+        })
+        .collect();
+    let mut lanes: Vec<Vec<(usize, &mut [u8])>> = (0..READERS).map(|_| Vec::new()).collect();
+    for (n, x) in wanted.into_iter().enumerate() {
+        lanes[n % READERS].push(x);
+    }
+    let mut read: Vec<(usize, Result<()>)> = std::thread::scope(|sc| {
+        let handles: Vec<_> = lanes
+            .into_iter()
+            .filter(|l| !l.is_empty())
+            .map(|lane| {
+                sc.spawn(move || {
+                    lane.into_iter()
+                        .map(|(k, out)| (k, inner.read_sectors(span_start + (k * w) as u64, out)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("merge reader panicked"))
+            .collect()
+    });
+    read.sort_by_key(|r| r.0);
+    for (k, res) in read {
+        let win = &entries[k * w..((k + 1) * w).min(entries.len())];
         let at = k * w;
         let lba = span_start + at as u64;
-        let out = &mut buf[at * SECTOR_SIZE..(at + win.len()) * SECTOR_SIZE];
-        match inner.read_sectors(lba, out) {
+        match res {
             Ok(()) => {}
             Err(e @ (EngineError::Corrupt { .. } | EngineError::Codec { .. })) => {
                 tracing::warn!("merger: window at LBA {lba} left as it is: {e}");
@@ -270,7 +315,29 @@ mod tests {
     #[test]
     fn small_overwrites_fragment_a_window() {
         let mut w: Vec<MapEntry> = (0..32).map(|i| e(0, i, 32)).collect();
-        w[7] = e(50, 0, 1);
+        // A few small overwrites: not worth rewriting 32 sectors for.
+        for i in [3, 7, 11, 20, 21, 22, 30] {
+            w[i] = e(50 + i as u64, 0, 1);
+            assert!(!fragmented(&w, 32), "{i}");
+        }
+        // The eighth makes a quarter.
+        w[0] = e(49, 0, 1);
+        assert!(fragmented(&w, 32));
+        // A quarter of a half-filled window.
+        let mut w: Vec<MapEntry> = (0..32)
+            .map(|i| {
+                if i < 16 {
+                    e(0, i, 16)
+                } else {
+                    MapEntry::UNMAPPED
+                }
+            })
+            .collect();
+        for i in [2, 5, 9] {
+            w[i] = e(60 + i as u64, 0, 1);
+        }
+        assert!(!fragmented(&w, 32));
+        w[12] = e(80, 0, 1);
         assert!(fragmented(&w, 32));
         // 4 KiB records written one after the other: one run, many records.
         let w: Vec<MapEntry> = (0..32u32).map(|i| e(100 + u64::from(i), 0, 1)).collect();
