@@ -10,6 +10,7 @@ OUT_BASE (written by bench/report.sh):
                         policy.json (`squeeze info --json` of a volume made with the pass's policy)
   engine-*.json         `squeeze bench --json` (engine-fio first, then engine-tar, then the rest)
   scan-tar.json         `squeeze scan --json` of the W3 tar
+  settle/settle.json    bench/settle.sh: the ratio after W2 and at idle times after it
 Anything missing is left out of the report.
 
 Prints the generated markdown section on stdout. With --doc, replaces the lines between
@@ -626,6 +627,58 @@ def scan_chart(s):
 
 
 # ---------------------------------------------------------------------------
+# Ratio after W2 and after the clients go idle (bench/settle.sh's settle.json)
+# ---------------------------------------------------------------------------
+SETTLE_FIELDS = ["ratio_du", "compression_ratio", "garbage_bytes", "merged_bytes", "server_cpu_s"]
+
+
+def settle_rows(st):
+    """[(idle seconds, {field: mean over the repetitions that have that sample})], by idle time."""
+    by = {}
+    for rep in st["reps"]:
+        for smp in rep.get("samples", []):
+            by.setdefault(smp["idle_s"], []).append(smp)
+    return [(t, {k: mean(smp.get(k) for smp in by[t]) for k in SETTLE_FIELDS}) for t in sorted(by)]
+
+
+def settle_markdown(st):
+    out = []
+    reps = st["reps"]
+    n = len(reps)
+    cfg = st.get("settings", {})
+    serve = f"squeeze serve {st.get('serve_args', '')}".strip()
+    w1 = mean(r.get("ratio_w1") for r in reps)
+    out.append(
+        f"`bench/settle.sh`: W1 (128k sequential write of {cfg.get('fio_size', '?')}) then W2 (4k random "
+        f"writes, QD32, {cfg.get('fio_rt_rand', '?')} s over W1's data) on a fresh `{serve}`, as in the "
+        "harness (without its reads in between), then no client I/O at all, so that the server's merger and cleaner catch up; the 0 s row is "
+        "the moment of the harness's own \"ratio after W2\" column. "
+        "Ratio by du = W1's logical bytes / `du` of the volume's directory; live ratio = the server's "
+        "compression_ratio (mapped / stored live bytes); garbage = dead bytes in sealed log segments; merged = "
+        "logical bytes the merger rewrote as whole blobs; server CPU = its CPU seconds since W2 ended. "
+        f"{n} repetition{'s' if n != 1 else ''}" + (" (values are means)" if n > 1 else "")
+        + f"; ratio by du after W1 {f2(w1)}, W1 write {f_mbps(mean(r.get('w1_write_mbps') for r in reps))} MB/s, "
+        f"W2 {f_iops(mean(r.get('w2_iops') for r in reps))} IOPS."
+    )
+    out.append("")
+    out.append("| idle s | ratio by du | live ratio | garbage MB | merged MB | server CPU s |")
+    out.append("|---:|---:|---:|---:|---:|---:|")
+    mb = lambda b: "–" if b is None else f"{b / 1e6:.0f}"  # noqa: E731
+    for t, v in settle_rows(st):
+        cells = [
+            str(t),
+            f2(v["ratio_du"]),
+            f2(v["compression_ratio"]),
+            mb(v["garbage_bytes"]),
+            mb(v["merged_bytes"]),
+            "–" if v["server_cpu_s"] is None else f"{v['server_cpu_s']:.1f}",
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
+
+# ---------------------------------------------------------------------------
 # SVG: a grouped bar chart, by hand
 # ---------------------------------------------------------------------------
 def nice_step(vmax, ticks=6):
@@ -829,6 +882,12 @@ def build(out_base, img_rel):
         tag = "" if ps.name == "peers" else f"{ps.custom}: "
         for kind, svg in pass_charts(ps, tag).items():
             svgs[f"{prefix}{kind}.svg"] = svg
+    st = read_json(os.path.join(out_base, "settle", "settle.json"))
+    st = st if isinstance(st, dict) and st.get("reps") else None
+    if st:
+        md.append("### Ratio after the overwrites, and after the clients go idle")
+        md.append("")
+        md += settle_markdown(st)
     runs = [(f, read_json(f)) for f in engine_files(out_base)]
     runs = [(f, e) for f, e in runs if e and "write_mbps" in e]
     if runs:
@@ -842,7 +901,7 @@ def build(out_base, img_rel):
         md.append("")
         md += scan_markdown(s, img_rel)
         svgs["bench-scan.svg"] = scan_chart(s)
-    if not passes and not runs and not s:
+    if not passes and not runs and not s and not st:
         md.append("(nothing measured in this directory)")
         md.append("")
     while md[-1] == "":

@@ -3,7 +3,7 @@
 # charts and the machine description into docs/benchmarks.md (between the lines
 # `<!-- report:begin -->` and `<!-- report:end -->`) and docs/img/bench-*.svg.
 #
-#   sudo bench/report.sh                          # everything at the harness's defaults (~10 min)
+#   sudo bench/report.sh                          # everything at the harness's defaults (~12 min)
 #   REPS=2 sudo bench/report.sh                   # each harness run twice, to see the noise
 #   FIO_SIZE=256m FIO_RT_SEQ=10 FIO_RT_RAND=5 sudo bench/report.sh   # a quick smoke run
 #   REPORT_ONLY=/tmp/squeeze-report.X bench/report.sh   # only regenerate markdown + SVG (no root)
@@ -19,11 +19,15 @@
 #   4. the in-process engine bench: `squeeze bench --json --size 1G` (fio-like data) and
 #      `squeeze bench --json --file $TAR` (the harness's W3 tar, whole), and
 #      `squeeze scan --json --full $TAR` -> $OUT_BASE/engine-fio.json, engine-tar.json, scan-tar.json
-#   5. bench/report.py: markdown (also printed on stdout and kept as $OUT_BASE/report.md) and SVG
+#   5. (SETTLE=1, the default) bench/settle.sh: W1 then W2 on a fresh `squeeze serve` as in the
+#      harness, then no client I/O; the ratio (du and live) at SETTLE_TIMES seconds of idleness, as
+#      the merger and cleaner catch up -> $OUT_BASE/settle/settle.json (summary in settle.txt)
+#   6. bench/report.py: markdown (also printed on stdout and kept as $OUT_BASE/report.md) and SVG
 #
-# Env: OUT_BASE (/tmp/squeeze-report.<time>), REPORT_ONLY (an existing OUT_BASE: step 5 only),
-#      REPORT_PEERS (the first run's PEERS), MODE_NONE (1), ENGINE (1), SCAN (1),
+# Env: OUT_BASE (/tmp/squeeze-report.<time>), REPORT_ONLY (an existing OUT_BASE: step 6 only),
+#      REPORT_PEERS (the first run's PEERS), MODE_NONE (1), ENGINE (1), SCAN (1), SETTLE (1),
 #      ENGINE_SIZE (1G), SCAN_ARGS (--full; e.g. "--sample-mib 64" for a quicker scan),
+#      SETTLE_TIMES ("0 5 10 20 30 60": idle seconds after W2 at which settle.sh samples),
 #      SQUEEZE_SERVE_ARGS (extra `serve` options), DOC (docs/benchmarks.md), IMG_DIR (docs/img),
 #      CARGO_TARGET_DIR, HARNESS, INSTALL (1), BENCH_LOCK (/tmp/bench.lock), SCRATCH_BASE (/tmp);
 #      and every run.sh setting: REPS (1), FIO_SIZE (2g), FIO_RT_SEQ (30), FIO_RT_RAND (20),
@@ -63,6 +67,7 @@ REPORT_PEERS=${REPORT_PEERS:-nbd-raw nbd-qcow2-compress custom btrfs-zstd1-force
 MODE_NONE=${MODE_NONE:-1}
 ENGINE=${ENGINE:-1}
 SCAN=${SCAN:-1}
+SETTLE=${SETTLE:-1}
 ENGINE_SIZE=${ENGINE_SIZE:-1G}
 SCAN_ARGS=${SCAN_ARGS:---full}
 SCRATCH_BASE=${SCRATCH_BASE:-/tmp}
@@ -128,7 +133,15 @@ else
   if [[ $SCAN == 1 ]]; then step scan scan; fi
 fi
 
-# 5. the report
+# 5. the ratio after W2 and after the clients go idle (reps, fio settings, serve args, scratch
+# dir and lock as above; BIN as built)
+settle() {
+  sq_log "bench/settle.sh -> $OUT_BASE/settle/settle.json"
+  OUT=$OUT_BASE/settle bash "$SQ_ROOT/bench/settle.sh" | tee "$OUT_BASE/settle.txt" >&2
+}
+if [[ $SETTLE == 1 ]]; then step settle settle; fi
+
+# 6. the report
 step report report "$OUT_BASE"
 if ((${#failed[@]})); then
   sq_log "done with failures in: ${failed[*]}; raw outputs under $OUT_BASE"

@@ -2,7 +2,9 @@
 """Tests of bench/report.py on a committed fixture: bench/testdata/report/ is a copy of the
 outputs of a real small `bench/report.sh` run (FIO_SIZE=256m FIO_RT_SEQ=10 FIO_RT_RAND=5,
 REPS=1; the harness's CSV, .meas timings, pass.txt, policy.json, machine.txt, the
-`squeeze bench --json` and `squeeze scan --json` outputs; fio's own JSON is not needed).
+`squeeze bench --json` and `squeeze scan --json` outputs; fio's own JSON is not needed), and
+settle/settle.json from a smoke run of bench/settle.sh with the same fio settings (at a later
+commit, with the default policy; SETTLE_TIMES="0 5 10").
 bench/testdata/report-expected.md is the section report.py must produce from it.
 
   python3 bench/test_report.py              # what scripts/test.sh runs
@@ -10,6 +12,7 @@ bench/testdata/report-expected.md is the section report.py must produce from it.
 """
 import csv
 import io
+import json
 import os
 import shutil
 import sys
@@ -144,6 +147,75 @@ class Tables(unittest.TestCase):
         cells = table_row(scan, "zstd:1")
         self.assertEqual(len(cells), 8)
         self.assertIn("Recommendation of `scan`", "\n".join(scan))
+
+
+class Settle(unittest.TestCase):
+    TITLE = "### Ratio after the overwrites, and after the clients go idle"
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.tmp)
+        with open(os.path.join(FIXTURE, "settle", "settle.json")) as f:
+            self.settle = json.load(f)
+
+    def copy(self, settle=None):
+        """The fixture in a scratch dir, with settle.json replaced (None: removed)."""
+        out = os.path.join(self.tmp, "out")
+        shutil.copytree(FIXTURE, out)
+        if settle is None:
+            shutil.rmtree(os.path.join(out, "settle"))
+        else:
+            with open(os.path.join(out, "settle", "settle.json"), "w") as f:
+                f.write(settle if isinstance(settle, str) else json.dumps(settle))
+        return out
+
+    def test_one_row_per_sample_time(self):
+        lines = section(run_report(FIXTURE), self.TITLE)
+        rows = [line for line in lines if line.startswith("| ") and line[2].isdigit()]
+        self.assertEqual(
+            rows,
+            [
+                "| 0 | 1.71 | 2.37 | 42 | 0 | 0.0 |",
+                "| 5 | 2.41 | 2.49 | 1 | 268 | 1.9 |",
+                "| 10 | 2.41 | 2.49 | 1 | 268 | 1.9 |",
+            ],
+        )
+        self.assertIn(
+            "| idle s | ratio by du | live ratio | garbage MB | merged MB | server CPU s |", lines
+        )
+        text = "\n".join(lines)
+        self.assertIn("the 0 s row is the moment of the harness's own \"ratio after W2\" column", text)
+        self.assertIn("1 repetition; ratio by du after W1 2.46, W1 write 648 MB/s, W2 45.4k IOPS.", text)
+        # the table's values are the file's
+        smp = self.settle["reps"][0]["samples"][0]
+        self.assertEqual(table_row(lines, "0")[1:3], [report.f2(smp["ratio_du"]), report.f2(smp["compression_ratio"])])
+
+    def test_repetitions_are_averaged(self):
+        st = json.loads(json.dumps(self.settle))
+        second = json.loads(json.dumps(st["reps"][0]))
+        second["rep"] = 2
+        for smp in second["samples"]:
+            smp["ratio_du"] += 0.5
+            smp["garbage_bytes"] += 10_000_000
+            smp["server_cpu_s"] += 0.72
+        second["samples"].append(dict(second["samples"][-1], idle_s=20))  # a time only rep 2 has
+        st["reps"].append(second)
+        lines = section(run_report(self.copy(st)), self.TITLE)
+        self.assertEqual(table_row(lines, "5"), ["5", "2.66", "2.49", "6", "268", "2.3"])
+        self.assertEqual(table_row(lines, "20"), ["20", "2.91", "2.49", "11", "268", "2.7"])
+        self.assertIn("2 repetitions (values are means)", "\n".join(lines))
+
+    def test_no_section_without_the_file(self):
+        with open(EXPECTED) as f:
+            expected = f.read()
+        lines = expected.split("\n")
+        start = lines.index(self.TITLE)
+        want = "\n".join(lines[:start] + lines[start + len(section(expected, self.TITLE)) :])
+        for settle in (None, "{not json", {"reps": []}):
+            md = run_report(self.copy(settle))
+            self.assertNotIn(self.TITLE, md)
+            self.assertEqual(md, want)
+            shutil.rmtree(os.path.join(self.tmp, "out"))
 
 
 class Files(unittest.TestCase):

@@ -141,3 +141,28 @@ fn default_pool_uses_every_cpu() {
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert_eq!(CpuPool::new(0).threads(), n);
 }
+
+#[test]
+fn compress_batch_from_several_threads_with_submitters() {
+    let pool = Arc::new(CpuPool::new(2));
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let pool = Arc::clone(&pool);
+            s.spawn(move || {
+                let alg =
+                    Algorithm::parse(["lz4", "zstd", "snappy", "deflate:1"][t as usize]).unwrap();
+                for round in 0..5 {
+                    let (input, jobs) = batch(1000 * t + round);
+                    if t % 2 == 0 {
+                        check(alg, &input, &pool.compress_batch(alg, jobs));
+                    } else {
+                        let (tx, rx) = crossbeam_channel::bounded(1);
+                        pool.submit(alg, jobs, Box::new(move |r| tx.send(r).unwrap()));
+                        check(alg, &input, &rx.recv().unwrap());
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(pool.failed_jobs(), 0);
+}
