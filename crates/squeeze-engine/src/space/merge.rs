@@ -37,7 +37,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::pipeline::compress::encode;
-use crate::pipeline::policy::Hint;
+use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Piece;
 use crate::stats::Counter;
 use crate::volume::{Inner, Room};
@@ -153,7 +153,7 @@ pub(crate) fn step(inner: &Inner, cursor: &mut Cursor) -> Result<(MergeReport, b
         let _range = inner.ranges.lock(span_start, span_end);
         // Look again under the lock: clients may have written meanwhile.
         inner.state.read().map.get_range(span_start, &mut entries);
-        rep = merge_span(inner, span_start, &entries, w as usize)?;
+        rep = merge_span(inner, &policy, span_start, &entries)?;
     }
     cursor.merged_this_sweep += rep.windows;
     let done = span_end >= total;
@@ -167,11 +167,11 @@ pub(crate) fn step(inner: &Inner, cursor: &mut Cursor) -> Result<(MergeReport, b
 /// entries.len())`, whose range lock the caller holds.
 fn merge_span(
     inner: &Inner,
+    policy: &ActivePolicy,
     span_start: u64,
     entries: &[MapEntry],
-    w: usize,
 ) -> Result<MergeReport> {
-    let policy = *inner.policy.read();
+    let w = policy.max_blob_sectors() as usize;
     let mut rep = MergeReport::default();
     let mut buf = vec![0u8; entries.len() * SECTOR_SIZE];
     let mut pieces = Vec::new();
@@ -246,7 +246,7 @@ fn merge_span(
     if pieces.is_empty() {
         return Ok(rep);
     }
-    let (items, cpu_ns) = encode(&*inner.engine, &policy, Hint::None, &buf, None, &pieces);
+    let (items, cpu_ns) = encode(&*inner.engine, policy, Hint::None, &buf, None, &pieces);
     inner.counters.add(Counter::CompressNs, cpu_ns);
     let before = inner.counters.get(Counter::MergedBytes);
     inner.append(&items, &buf, Room::Merge)?;
