@@ -22,6 +22,9 @@ const USAGE: &str = "usage: squeeze-torture [options]
   --max-ms MS        longest writing phase per cycle (default 500)
   --long-percent P   percentage of cycles writing 600-1500 ms instead, so the
                      background cleaner and checkpoints run (default 15)
+  --idle-percent P   percentage of cycles whose clients then go quiet for
+                     1.2-2.5 s before the kill, so the idle server merges and
+                     cleans at full speed when killed (default 10)
   --max-conns N      connections per cycle: 1..=N (default 3)
   --max-inflight N   requests in flight per connection: 1..=N (default 16)
   --workdir DIR      where the temp work dir goes (default: system temp)
@@ -62,6 +65,7 @@ fn parse_args() -> Result<Options, String> {
             "--min-ms" => o.min_ms = num(val("--min-ms")?)?,
             "--max-ms" => o.max_ms = num(val("--max-ms")?)?,
             "--long-percent" => o.long_percent = num(val("--long-percent")?)?,
+            "--idle-percent" => o.idle_percent = num(val("--idle-percent")?)?,
             "--max-conns" => o.max_conns = num(val("--max-conns")?)?,
             "--max-inflight" => o.max_inflight = num(val("--max-inflight")?)?,
             "--workdir" => o.workdir = Some(PathBuf::from(val("--workdir")?)),

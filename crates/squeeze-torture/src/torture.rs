@@ -34,6 +34,11 @@ pub struct Options {
     /// server's maintenance thread (first pass after 500 ms) cleans and
     /// checkpoints while being driven, and is killed in the middle of it.
     pub long_percent: u64,
+    /// Percentage of cycles whose clients stop sending after the writing
+    /// phase and stay connected and quiet for 1.2-2.5 s before the kill:
+    /// the server is then idle (after 1 s) and merges fragmented windows
+    /// and cleans at full speed, and is killed in the middle of it.
+    pub idle_percent: u64,
     /// Connections per cycle: 1..=max_conns.
     pub max_conns: u64,
     /// Requests in flight per connection: 1..=max_inflight.
@@ -61,6 +66,7 @@ impl Options {
             min_ms: 50,
             max_ms: 500,
             long_percent: 15,
+            idle_percent: 10,
             max_conns: 3,
             max_inflight: 16,
             compact: false,
@@ -73,7 +79,7 @@ impl Options {
     /// The command line that replays this run up to and including `cycle`.
     pub fn replay_command(&self, cycle: u64) -> String {
         let mut c = format!(
-            "squeeze-torture --seed {} --cycles {} --size {} --segment-size {} --min-ms {} --max-ms {} --long-percent {} --max-conns {} --max-inflight {}",
+            "squeeze-torture --seed {} --cycles {} --size {} --segment-size {} --min-ms {} --max-ms {} --long-percent {} --idle-percent {} --max-conns {} --max-inflight {}",
             self.seed,
             cycle + 1,
             self.size,
@@ -81,6 +87,7 @@ impl Options {
             self.min_ms,
             self.max_ms,
             self.long_percent,
+            self.idle_percent,
             self.max_conns,
             self.max_inflight
         );
@@ -147,11 +154,12 @@ pub struct Totals {
     /// The volume's own counters (`squeeze stats`), summed over the server
     /// runs (each sampled after the start and just before the SIGKILL):
     /// checkpoints written, segments reclaimed, bytes the cleaner moved,
-    /// log bytes written.
+    /// log bytes written, bytes the idle merger rewrote.
     pub checkpoints: u64,
     pub segments_reclaimed: u64,
     pub cleaner_bytes_moved: u64,
     pub log_bytes_written: u64,
+    pub merged_bytes: u64,
     pub seconds: f64,
 }
 
@@ -159,7 +167,7 @@ impl fmt::Display for Totals {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} cycles in {:.1} s: {} SIGKILLs with {} requests in flight, {} connections; {} writes ({} FUA, {} unaligned, {:.1} MiB), {} reads, {} flushes, {} trims, {} write-zeroes; {} clean stops, {} compacts ({} killed), {} checks; after the crashes: {} sectors at their latest content, {} at an intermediate one, {} rolled back to durable; {} of these lost an acknowledged unflushed write; volume: {} checkpoints, {} segments reclaimed, cleaner moved {:.1} MiB, log {:.1} MiB",
+            "{} cycles in {:.1} s: {} SIGKILLs with {} requests in flight, {} connections; {} writes ({} FUA, {} unaligned, {:.1} MiB), {} reads, {} flushes, {} trims, {} write-zeroes; {} clean stops, {} compacts ({} killed), {} checks; after the crashes: {} sectors at their latest content, {} at an intermediate one, {} rolled back to durable; {} of these lost an acknowledged unflushed write; volume: {} checkpoints, {} segments reclaimed, cleaner moved {:.1} MiB, merger rewrote {:.1} MiB, log {:.1} MiB",
             self.cycles,
             self.seconds,
             self.kills,
@@ -184,6 +192,7 @@ impl fmt::Display for Totals {
             self.checkpoints,
             self.segments_reclaimed,
             self.cleaner_bytes_moved as f64 / (1u64 << 20) as f64,
+            self.merged_bytes as f64 / (1u64 << 20) as f64,
             self.log_bytes_written as f64 / (1u64 << 20) as f64
         )
     }
@@ -241,6 +250,8 @@ struct Plan {
     conns: u64,
     inflight: u64,
     write_ms: u64,
+    /// Quiet time after the writing phase, before the kill.
+    idle_ms: Option<u64>,
     go: Vec<bool>,
     /// Stop, check and compact after this cycle's verify.
     compact: bool,
@@ -264,6 +275,7 @@ impl Plan {
             },
             go: (0..conns).map(|_| r.percent(70)).collect(),
             compact: o.compact && r.percent(25),
+            idle_ms: r.percent(o.idle_percent).then(|| r.between(1200, 2500)),
             clean_stop: r.percent(40),
             check: r.percent(50),
             kill_compact_ms: if r.percent(60) {
@@ -374,6 +386,7 @@ fn run_in(
             g.t.segments_reclaimed += after[1].saturating_sub(before[1]);
             g.t.cleaner_bytes_moved += after[2].saturating_sub(before[2]);
             g.t.log_bytes_written += after[3].saturating_sub(before[3]);
+            g.t.merged_bytes += after[4].saturating_sub(before[4]);
             g.t.kills += 1;
             g.t.in_flight_at_kill += inflight;
             g.t.connections += plan.conns;
@@ -426,9 +439,9 @@ fn mark_log(log: &Path, line: &str) {
     }
 }
 
-/// checkpoints, segments_reclaimed, cleaner_bytes_moved, log_bytes_written
-/// of the running server (`squeeze stats CTL --json`).
-fn counters(o: &Options, vol: &Path, log: &Path) -> Result<[u64; 4], String> {
+/// checkpoints, segments_reclaimed, cleaner_bytes_moved, log_bytes_written,
+/// merged_bytes of the running server (`squeeze stats CTL --json`).
+fn counters(o: &Options, vol: &Path, log: &Path) -> Result<[u64; 5], String> {
     let ctl = vol.with_extension("ctl");
     let stats = proc::output(
         &o.bin,
@@ -441,6 +454,7 @@ fn counters(o: &Options, vol: &Path, log: &Path) -> Result<[u64; 4], String> {
         n("segments_reclaimed"),
         n("cleaner_bytes_moved"),
         n("log_bytes_written"),
+        n("merged_bytes"),
     ])
 }
 
@@ -560,8 +574,8 @@ fn drive(
     plan: &Plan,
     conns: Vec<Conn>,
     server: &mut Server,
-    sample: &dyn Fn() -> Result<[u64; 4], String>,
-) -> Result<(u64, [u64; 4]), String> {
+    sample: &dyn Fn() -> Result<[u64; 5], String>,
+) -> Result<(u64, [u64; 5]), String> {
     {
         let mut g = sync.lock();
         g.stop = false;
@@ -569,7 +583,7 @@ fn drive(
         g.conns = (0..conns.len()).map(|_| ConnState::default()).collect();
     }
     let (inflight_at_kill, counters) =
-        std::thread::scope(|s| -> Result<(u64, [u64; 4]), String> {
+        std::thread::scope(|s| -> Result<(u64, [u64; 5]), String> {
             for (i, c) in conns.into_iter().enumerate() {
                 let rx = c
                     .stream
@@ -582,6 +596,13 @@ fn drive(
                 s.spawn(move || receiver(sync, i, rx));
             }
             std::thread::sleep(Duration::from_millis(plan.write_ms));
+            if let Some(idle) = plan.idle_ms {
+                // Senders stop; receivers take the last replies; the
+                // server goes idle and merges and cleans until the kill.
+                sync.lock().stop = true;
+                sync.cv.notify_all();
+                std::thread::sleep(Duration::from_millis(idle));
+            }
             let counters = sample();
             let (n, died) = {
                 let g = sync.lock();
