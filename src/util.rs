@@ -66,16 +66,21 @@ pub fn human(bytes: u64) -> String {
 
 /// Opens a volume file for reading and writing.
 pub fn open_volume(path: &Path, background: bool) -> Result<Volume> {
-    let storage = FileStorage::open(path)
-        .with_context(|| format!("cannot open volume {}", path.display()))?;
-    Volume::open(
-        Arc::new(storage),
+    open_volume_with(
+        path,
         OpenOptions {
             background,
             ..Default::default()
         },
     )
-    .with_context(|| format!("cannot open volume {}", path.display()))
+}
+
+/// Opens a volume for writing with the given options.
+pub fn open_volume_with(path: &Path, opts: OpenOptions) -> Result<Volume> {
+    let storage = FileStorage::open(path)
+        .with_context(|| format!("cannot open volume {}", path.display()))?;
+    Volume::open(Arc::new(storage), opts)
+        .with_context(|| format!("cannot open volume {}", path.display()))
 }
 
 /// Opens a volume without writing to it.

@@ -17,9 +17,11 @@
 //! connect from.
 
 use super::PolicyArgs;
-use crate::util::{human, open_volume, parse_size};
+use crate::util::{human, open_volume_with, parse_size};
 use anyhow::{bail, Context, Result};
-use squeeze_engine::{default_policy, CreateOptions, EngineError, Volume, VolumeStats};
+use squeeze_engine::{
+    default_policy, CreateOptions, EngineError, OpenOptions, Volume, VolumeStats,
+};
 use squeeze_nbd::{BlockDevice, Export, IpNet, Listener, Server, ServerConfig, TlsConfig, TlsMode};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -60,6 +62,11 @@ pub struct Args {
     /// Of those, WRITE requests executed at once (they are CPU-bound: the codec); default two per core, at least 4.
     #[arg(long)]
     pub write_workers: Option<usize>,
+    /// Do not rewrite fragmented windows (left by small overwrites) as whole
+    /// blobs while clients are idle. The cleaner still runs; `squeeze
+    /// compact` still merges. Saves device writes at the cost of ratio.
+    #[arg(long)]
+    pub no_idle_merge: bool,
     /// Server certificate chain (PEM, leaf first) for TLS (NBD_OPT_STARTTLS).
     /// With --tls-key; TLS is then required unless --tls-mode allow.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -171,8 +178,18 @@ fn export_name(path: &Path) -> String {
 }
 
 fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
+    let serving = || {
+        open_volume_with(
+            path,
+            OpenOptions {
+                background: true,
+                no_idle_merge: a.no_idle_merge,
+                ..Default::default()
+            },
+        )
+    };
     if path.exists() {
-        return open_volume(path, true);
+        return serving();
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -187,7 +204,7 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
     );
     // Reopen with the background thread running.
     v.close()?;
-    open_volume(path, true)
+    serving()
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {

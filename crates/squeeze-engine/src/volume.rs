@@ -102,6 +102,9 @@ pub struct OpenOptions {
     pub engine: Option<Arc<dyn CompressEngine>>,
     /// Run the background maintenance thread (periodic checkpoints).
     pub background: bool,
+    /// With `background`: do not merge fragmented windows while clients
+    /// are idle (the cleaner still runs; [`Volume::merge`] still works).
+    pub no_idle_merge: bool,
 }
 
 pub(crate) struct LogState {
@@ -218,6 +221,8 @@ pub(crate) struct Inner {
     pub counters: Counters,
     pub poisoned: Mutex<Option<String>>,
     pub read_only: bool,
+    /// The maintenance thread merges fragmented windows when clients idle.
+    pub idle_merge: bool,
     pub stop: (Mutex<bool>, Condvar),
 }
 
@@ -419,6 +424,7 @@ impl Volume {
             counters: Counters::default(),
             poisoned: Mutex::new(None),
             read_only: open.read_only,
+            idle_merge: !open.no_idle_merge,
             stop: (Mutex::new(false), Condvar::new()),
         });
         inner.counters.load(counters);
@@ -1507,7 +1513,7 @@ fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
             }
         }
     }
-    if ms.settled != Some(activity) && merge::worthwhile(inner) {
+    if inner.idle_merge && ms.settled != Some(activity) && merge::worthwhile(inner) {
         if ms.cursor.lba == 0 {
             ms.cursor.merged_this_sweep = 0;
             ms.dirty = false;
