@@ -23,6 +23,31 @@ pub struct Args {
     pub no_merge: bool,
 }
 
+/// Runs `work` with a progress bar on a terminal (none with --json); `work`
+/// reports (done, total).
+fn with_progress<T>(
+    json: bool,
+    msg: &str,
+    template: &str,
+    work: impl FnOnce(&mut dyn FnMut(u64, u64)) -> T,
+) -> T {
+    let pb = (!json && std::io::stderr().is_terminal()).then(|| {
+        let pb = progress(0, msg);
+        pb.set_style(indicatif::ProgressStyle::with_template(template).expect("template"));
+        pb
+    });
+    let r = work(&mut |done, total| {
+        if let Some(pb) = &pb {
+            pb.set_length(total);
+            pb.set_position(done);
+        }
+    });
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    r
+}
+
 pub fn run(a: Args) -> Result<ExitCode> {
     let vol = open_volume(&a.path, false)?;
     let before = vol.stats();
@@ -30,45 +55,20 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let merged = if a.no_merge {
         squeeze_engine::MergeReport::default()
     } else {
-        let pb = (!a.json && std::io::stderr().is_terminal()).then(|| {
-            let pb = progress(0, "merging");
-            pb.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{msg} [{bar:40}] {percent}% of the LBA space",
-                )
-                .expect("template"),
-            );
-            pb
-        });
-        let r = vol.merge(|lba, total| {
-            if let Some(pb) = &pb {
-                pb.set_length(total);
-                pb.set_position(lba);
-            }
-        })?;
-        if let Some(pb) = pb {
-            pb.finish_and_clear();
-        }
-        r
+        with_progress(
+            a.json,
+            "merging",
+            "{msg} [{bar:40}] {percent}% of the LBA space",
+            |p| vol.merge(p),
+        )?
     };
     let merge_secs = t0.elapsed().as_secs_f64();
-    let pb = (!a.json && std::io::stderr().is_terminal()).then(|| {
-        let pb = progress(0, "compacting");
-        pb.set_style(
-            indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} segments")
-                .expect("template"),
-        );
-        pb
-    });
-    let rep = vol.compact(|done, total| {
-        if let Some(pb) = &pb {
-            pb.set_length(total);
-            pb.set_position(done);
-        }
-    })?;
-    if let Some(pb) = pb {
-        pb.finish_and_clear();
-    }
+    let rep = with_progress(
+        a.json,
+        "compacting",
+        "{msg} [{bar:40}] {pos}/{len} segments",
+        |p| vol.compact(p),
+    )?;
     let secs = t0.elapsed().as_secs_f64() - merge_secs;
     let after = vol.stats();
     vol.close()?;
