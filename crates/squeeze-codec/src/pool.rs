@@ -262,8 +262,7 @@ impl CpuPool {
                         Err(_) => return None,
                     },
                 };
-                let (output, cpu_ns) = run_job(c.as_mut(), job, scratch);
-                output.ok().map(|output| JobResult { output, cpu_ns })
+                run_job(c.as_mut(), job, scratch).ok()
             }));
             if r.is_err() {
                 compressors.remove(&alg);
@@ -277,6 +276,7 @@ impl CpuPool {
                 JobResult {
                     output: JobOutput::TooBig,
                     cpu_ns: 0,
+                    output_crc32c: None,
                 }
             }
         }
@@ -309,8 +309,7 @@ fn worker(queue: &Queue<Task>, counters: Arc<Counters>) {
                     Err(_) => return None,
                 },
             };
-            let (output, cpu_ns) = run_job(compressor.as_mut(), job, &mut scratch);
-            output.ok().map(|output| JobResult { output, cpu_ns })
+            run_job(compressor.as_mut(), job, &mut scratch).ok()
         }));
         let result = match outcome {
             Ok(Some(result)) => result,
@@ -323,6 +322,7 @@ fn worker(queue: &Queue<Task>, counters: Arc<Counters>) {
                 JobResult {
                     output: JobOutput::TooBig,
                     cpu_ns: 0,
+                    output_crc32c: None,
                 }
             }
         };

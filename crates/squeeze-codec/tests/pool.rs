@@ -44,6 +44,30 @@ fn check(alg: Algorithm, input: &[u8], results: &[JobResult]) {
 }
 
 #[test]
+fn checksum_of_the_output_only_when_asked() {
+    let pool = CpuPool::new(2);
+    let alg = Algorithm::parse("zstd:3").unwrap();
+    let (input, jobs) = batch(7);
+    // Both paths of compress_batch: the first job runs on the caller, the
+    // rest on the workers.
+    let asked: Vec<Job> = jobs.iter().cloned().map(Job::with_checksum).collect();
+    let results = pool.compress_batch(alg, asked);
+    check(alg, &input, &results);
+    for (i, r) in results.iter().enumerate() {
+        match &r.output {
+            JobOutput::Compressed(c) => assert_eq!(
+                r.output_crc32c,
+                Some(squeeze_format::checksum::crc32c(c)),
+                "job {i}"
+            ),
+            _ => assert_eq!(r.output_crc32c, None, "job {i}: a checksum without output"),
+        }
+    }
+    let results = pool.compress_batch(alg, jobs);
+    assert!(results.iter().all(|r| r.output_crc32c.is_none()));
+}
+
+#[test]
 fn batch_of_64_in_order_and_decodes() {
     let pool = CpuPool::new(2);
     assert_eq!(pool.threads(), 2);

@@ -110,13 +110,18 @@ pub struct OpenOptions {
 pub(crate) struct LogState {
     pub head_offset: u64,
     /// The head segment is allocated (fallocated) up to here; the rest of it
-    /// is allocated ALLOC_STEP at a time as the log grows, so a volume does
-    /// not occupy whole segments it has not written.
+    /// is allocated ALLOC_STEP at a time as the log grows (ahead of the head
+    /// by the allocator thread, space::ahead), so a volume does not occupy
+    /// whole segments it has not written.
     pub allocated_end: u64,
     pub head_segment: SegmentId,
     pub next_seq: u64,
     pub table: SegmentTable,
     pub bytes_since_checkpoint: u64,
+    /// A request to the allocator thread is outstanding (space::ahead).
+    pub ahead_pending: bool,
+    /// Allocating ahead failed in this segment: writers allocate themselves.
+    pub ahead_failed: Option<SegmentId>,
 }
 
 /// The checkpoint before the current one, which the other superblock slot
@@ -224,12 +229,17 @@ pub(crate) struct Inner {
     /// The maintenance thread merges fragmented windows when clients idle.
     pub idle_merge: bool,
     pub stop: (Mutex<bool>, Condvar),
+    /// The allocator thread runs (background threads): `reserve` asks it to
+    /// allocate ahead of the head (space::ahead).
+    pub allocate_ahead: bool,
+    pub ahead: crate::space::ahead::Ahead,
 }
 
 /// A squeeze volume. Safe for many concurrent callers.
 pub struct Volume {
     pub(crate) inner: Arc<Inner>,
     maintenance: Option<std::thread::JoinHandle<()>>,
+    allocator: Option<std::thread::JoinHandle<()>>,
     closed: bool,
 }
 
@@ -333,6 +343,8 @@ impl Volume {
             next_seq: 2,
             table,
             bytes_since_checkpoint: 0,
+            ahead_pending: false,
+            ahead_failed: None,
         };
         let state = MapState {
             map: SectorMap::new(),
@@ -426,6 +438,8 @@ impl Volume {
             read_only: open.read_only,
             idle_merge: !open.no_idle_merge,
             stop: (Mutex::new(false), Condvar::new()),
+            allocate_ahead: open.background && !open.read_only,
+            ahead: Default::default(),
         });
         inner.counters.load(counters);
         let maintenance = (open.background && !open.read_only).then(|| {
@@ -435,9 +449,17 @@ impl Volume {
                 .spawn(move || maintenance_loop(&inner))
                 .expect("spawn maintenance thread")
         });
+        let allocator = inner.allocate_ahead.then(|| {
+            let inner = inner.clone();
+            std::thread::Builder::new()
+                .name("sqz-allocate".into())
+                .spawn(move || crate::space::ahead::run(&inner))
+                .expect("spawn allocator thread")
+        });
         Ok(Volume {
             inner,
             maintenance,
+            allocator,
             closed: false,
         })
     }
@@ -866,6 +888,10 @@ impl Volume {
         if let Some(h) = self.maintenance.take() {
             let _ = h.join();
         }
+        self.inner.ahead.stop();
+        if let Some(h) = self.allocator.take() {
+            let _ = h.join();
+        }
         if self.inner.read_only || self.inner.poisoned.lock().is_some() {
             return Ok(());
         }
@@ -942,7 +968,9 @@ pub(crate) fn segment_header(uuid: &[u8; 16], seq: u64, segment: SegmentId) -> R
 fn payload_crc(item: &Item, buf: &[u8]) -> u32 {
     match item {
         Item::Zero { .. } => 0,
-        _ => checksum::crc32c(item.payload(buf).1),
+        _ => item
+            .known_crc()
+            .unwrap_or_else(|| checksum::crc32c(item.payload(buf).1)),
     }
 }
 
@@ -1374,6 +1402,14 @@ impl Inner {
         }
         let seg_end = |s: SegmentId| DATA_START + (u64::from(s) + 1) * self.seg_size;
         let step = ALLOC_STEP.min(self.seg_size);
+        // A new head segment gets half of the allocation ahead at once (one
+        // fallocate where the writers would otherwise race the allocator
+        // thread through the first steps); the allocator extends it.
+        let first_alloc = if self.allocate_ahead {
+            crate::space::ahead::ALLOC_AHEAD / 2
+        } else {
+            0
+        };
         // Dry run: how far into the head segment, how many new segments and
         // how much of each.
         let mut pos = log.head_offset;
@@ -1422,7 +1458,9 @@ impl Inner {
             for used in &new_used {
                 let s = log.table.pick_free().expect("available segment");
                 let off = DATA_START + u64::from(s) * self.seg_size;
-                let n = (used.div_ceil(step) * step).min(self.seg_size);
+                let n = (used.div_ceil(step) * step)
+                    .max(first_alloc)
+                    .min(self.seg_size);
                 if let Err(e) = self.storage.allocate(off, n) {
                     for f in fresh {
                         log.table.set(f, SegState::Free);
@@ -1433,9 +1471,11 @@ impl Inner {
                 fresh.push(s);
             }
         }
-        let last_alloc_end = new_used
-            .last()
-            .map(|u| (u.div_ceil(step) * step).min(self.seg_size));
+        let last_alloc_end = new_used.last().map(|u| {
+            (u.div_ceil(step) * step)
+                .max(first_alloc)
+                .min(self.seg_size)
+        });
         let mut placements = Vec::with_capacity(lens.len() + fresh.len());
         let mut fresh = fresh.into_iter();
         let mut total = 0;
@@ -1466,8 +1506,12 @@ impl Inner {
             log.head_offset += len;
             total += len;
         }
+        let head_start = DATA_START + u64::from(log.head_segment) * self.seg_size;
         if let Some(n) = last_alloc_end {
-            log.allocated_end = DATA_START + u64::from(log.head_segment) * self.seg_size + n;
+            log.allocated_end = head_start + n;
+        }
+        if self.allocate_ahead {
+            crate::space::ahead::maybe_request(self, &mut log, head_start);
         }
         log.bytes_since_checkpoint += total;
         let ticket = self.tickets.issue();

@@ -231,6 +231,8 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
             next_seq: expected,
             table,
             bytes_since_checkpoint: 0,
+            ahead_pending: false,
+            ahead_failed: None,
         },
         state,
         counters,

@@ -24,12 +24,12 @@ pub enum Outcome {
 #[derive(Debug)]
 pub enum Payload {
     /// Bytes `start..start+len` of the input buffer, uncompressed.
-    Raw {
-        start: usize,
-    },
+    Raw { start: usize },
     Compressed {
         codec: CodecId,
         data: Vec<u8>,
+        /// CRC32C of `data` if the engine computed it with the output.
+        crc: Option<u32>,
     },
 }
 
@@ -69,11 +69,22 @@ impl Item {
                 &buf[*start..*start + *sectors as usize * SECTOR_SIZE],
             ),
             Item::Blob {
-                payload: Payload::Compressed { codec, data },
+                payload: Payload::Compressed { codec, data, .. },
                 ..
             } => (*codec, data),
             Item::Moved { codec, payload, .. } => (*codec, payload),
             Item::Zero { .. } => (CodecId::None, &[]),
+        }
+    }
+
+    /// The CRC32C of the payload, if it is already known.
+    pub fn known_crc(&self) -> Option<u32> {
+        match self {
+            Item::Blob {
+                payload: Payload::Compressed { crc, .. },
+                ..
+            } => *crc,
+            _ => None,
         }
     }
 }
@@ -119,6 +130,9 @@ pub fn encode(
                         range: base + start..base + start + len,
                         limit: output_limit(&policy.policy, len),
                         skip_if_incompressible: heuristic,
+                        // The record's payload checksum, taken where the
+                        // output is still in cache.
+                        checksum: true,
                     });
                     job_items.push(items.len());
                 }
@@ -149,6 +163,7 @@ pub fn encode(
                 *payload = Payload::Compressed {
                     codec: policy.algorithm.codec,
                     data,
+                    crc: r.output_crc32c,
                 };
                 *outcome = Outcome::Compressed;
             }

@@ -11,6 +11,7 @@
 //!   it precedes the checkpoint's replay position (so neither the checkpoint
 //!   nor the replay after it can refer to it).
 
+pub mod ahead;
 pub mod cleaner;
 pub mod merge;
 
