@@ -124,6 +124,9 @@ struct Report {
     raw_compress_mbps: f64,
     raw_decompress_mbps: f64,
     write_vs_raw: f64,
+    /// Each repetition's engine write against the raw compress beside it
+    /// (write_vs_raw is their median).
+    write_vs_raw_reps: Vec<f64>,
     read_vs_raw: f64,
     ratio: f64,
     raw_ratio: f64,
@@ -131,6 +134,11 @@ struct Report {
     cpu_utilization_read: f64,
     cpu_seconds_per_gib_write: f64,
     cpu_seconds_per_gib_read: f64,
+    /// The raw compress passes: process CPU seconds per GiB, and the share
+    /// of the cores they kept busy (the engine's overhead is the difference
+    /// in the first and the idle time in the second).
+    raw_cpu_seconds_per_gib_compress: f64,
+    raw_cpu_utilization_compress: f64,
     zero_write_mbps: f64,
     map_bytes_per_mapped_sector: f64,
     blobs_compressed: u64,
@@ -320,14 +328,17 @@ pub fn run(a: Args) -> Result<ExitCode> {
     // compared with (the speed of this VM drifts between passes).
     // Compress outputs are dropped as the engine drops them after its write
     // (keeping 400 MB of fresh outputs would time page faults instead).
-    let raw_compress = || -> Result<f64> {
+    // Returns (seconds, process CPU seconds).
+    let raw_compress = || -> Result<(f64, f64)> {
         if !codec {
-            return Ok(0.0);
+            return Ok((0.0, 0.0));
         }
-        parallel(writers, n_req, |i| {
+        let cpu0 = process_cpu_seconds();
+        let secs = parallel(writers, n_req, |i| {
             std::hint::black_box(pool.compress_batch(alg, jobs_of(i)));
             Ok(())
-        })
+        })?;
+        Ok((secs, process_cpu_seconds() - cpu0))
     };
     let raw_decompress = || -> Result<f64> {
         if !codec {
@@ -388,7 +399,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     let (mut w, mut fl, mut cw, mut r, mut cr) = (vec![], vec![], vec![], vec![], vec![]);
     let mut cold_r = vec![];
-    let (mut rc, mut rd) = (vec![], vec![]);
+    let (mut rc, mut rd, mut rc_cpu) = (vec![], vec![], vec![]);
     let mut last: Option<Volume> = None;
     for _ in 0..reps {
         // Each repetition on a fresh volume; the previous one goes first.
@@ -397,7 +408,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
             std::fs::remove_file(tmp.path().join("bench.sqz"))?;
         }
         let vol = new_volume("bench.sqz")?;
-        rc.push(raw_compress()?);
+        let (secs, cpu) = raw_compress()?;
+        rc.push(secs);
+        rc_cpu.push(cpu);
         let cpu0 = process_cpu_seconds();
         w.push(write_all(&vol)?);
         let t_flush = Instant::now();
@@ -437,6 +450,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
     };
     let (write_vs_raw, read_vs_raw) = (ratio_of(&rc, &w), ratio_of(&rd, &r));
+    let write_vs_raw_reps: Vec<f64> = if codec {
+        rc.iter().zip(&w).map(|(r, e)| r / e).collect()
+    } else {
+        Vec::new()
+    };
+    let raw_cpu_c = mid(&rc_cpu);
     let st = vol.stats();
     // Untimed verification pass.
     parallel(threads, n_req, |i| {
@@ -489,6 +508,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         raw_compress_mbps: raw_c,
         raw_decompress_mbps: raw_d,
         write_vs_raw,
+        write_vs_raw_reps,
         read_vs_raw,
         ratio: st.compression_ratio,
         raw_ratio: data.len() as f64 / raw_stored.max(1) as f64,
@@ -496,6 +516,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
         cpu_utilization_read: cpu_r / r_secs / cores as f64,
         cpu_seconds_per_gib_write: cpu_w / gib,
         cpu_seconds_per_gib_read: cpu_r / gib,
+        raw_cpu_seconds_per_gib_compress: raw_cpu_c / gib,
+        raw_cpu_utilization_compress: if raw_c_secs > 0.0 {
+            raw_cpu_c / raw_c_secs / cores as f64
+        } else {
+            0.0
+        },
         zero_write_mbps: zero_bytes as f64 / 1e6 / z_secs,
         map_bytes_per_mapped_sector: st.map_bytes_per_mapped_sector,
         blobs_compressed: st.blobs_compressed,
@@ -545,7 +571,20 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "  cold           {:>8.1} MB/s  (the first read, from the device: the log bypasses the page cache)",
             r.cold_read_mbps
         );
-        println!("raw compress     {:>8.1} MB/s", r.raw_compress_mbps);
+        println!(
+            "raw compress     {:>8.1} MB/s  CPU {:.0}%, {:.2} CPU s/GiB",
+            r.raw_compress_mbps,
+            100.0 * r.raw_cpu_utilization_compress,
+            r.raw_cpu_seconds_per_gib_compress
+        );
+        if r.write_vs_raw_reps.len() > 1 {
+            let reps: Vec<String> = r
+                .write_vs_raw_reps
+                .iter()
+                .map(|x| format!("{:.0}%", 100.0 * x))
+                .collect();
+            println!("  write vs raw by run: {}", reps.join(", "));
+        }
         println!("raw decompress   {:>8.1} MB/s", r.raw_decompress_mbps);
         println!(
             "ratio            {:.3} stored (raw codec alone: {:.3}); blobs {} compressed, {} rejected, {} skipped",
