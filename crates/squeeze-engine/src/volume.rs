@@ -1444,6 +1444,8 @@ impl Inner {
             log.allocated_end = to;
         }
         let mut fresh = Vec::new();
+        // How much of the last new segment got allocated.
+        let mut last_alloc_end = None;
         if new_segments > 0 {
             let extra_chunks = lens.len() as u64 * 2 + 2;
             let reserve = self.checkpoint_segments_needed(extra_chunks) + room.extra_segments();
@@ -1458,24 +1460,26 @@ impl Inner {
             for used in &new_used {
                 let s = log.table.pick_free().expect("available segment");
                 let off = DATA_START + u64::from(s) * self.seg_size;
-                let n = (used.div_ceil(step) * step)
-                    .max(first_alloc)
-                    .min(self.seg_size);
-                if let Err(e) = self.storage.allocate(off, n) {
-                    for f in fresh {
-                        log.table.set(f, SegState::Free);
+                let need = (used.div_ceil(step) * step).min(self.seg_size);
+                let n = need.max(first_alloc).min(self.seg_size);
+                // On a nearly full disk, what the records need may still fit.
+                let allocated = match self.storage.allocate(off, n) {
+                    Err(_) if n > need => self.storage.allocate(off, need).map(|()| need),
+                    r => r.map(|()| n),
+                };
+                match allocated {
+                    Ok(n) => last_alloc_end = Some(n),
+                    Err(e) => {
+                        for f in fresh {
+                            log.table.set(f, SegState::Free);
+                        }
+                        return Err(enospc(e));
                     }
-                    return Err(enospc(e));
                 }
                 log.table.set(s, SegState::Log { opened_seq: 0 });
                 fresh.push(s);
             }
         }
-        let last_alloc_end = new_used.last().map(|u| {
-            (u.div_ceil(step) * step)
-                .max(first_alloc)
-                .min(self.seg_size)
-        });
         let mut placements = Vec::with_capacity(lens.len() + fresh.len());
         let mut fresh = fresh.into_iter();
         let mut total = 0;

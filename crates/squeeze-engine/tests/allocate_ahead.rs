@@ -30,6 +30,8 @@ fn background() -> OpenOptions {
 struct Recording {
     sim: SimStorage,
     allocations: Mutex<Vec<(u64, u64, String)>>,
+    /// Allocations longer than this fail with ENOSPC (a nearly full disk).
+    longest: Mutex<Option<u64>>,
 }
 
 impl Recording {
@@ -37,6 +39,7 @@ impl Recording {
         Arc::new(Recording {
             sim: SimStorage::new(),
             allocations: Mutex::new(Vec::new()),
+            longest: Mutex::new(None),
         })
     }
 
@@ -91,6 +94,9 @@ impl Storage for Recording {
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
         let who = std::thread::current().name().unwrap_or("?").to_string();
         self.allocations.lock().push((offset, len, who));
+        if self.longest.lock().is_some_and(|l| len > l) {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
         self.sim.allocate(offset, len)
     }
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -240,4 +246,30 @@ fn a_full_disk_under_the_allocator_gives_enospc_and_recovers() {
     let mut b2 = vec![0u8; d.len()];
     v.read(at, &mut b2).unwrap();
     assert!(b2 == d);
+}
+
+#[test]
+fn when_only_small_allocations_fit_the_volume_still_fills_its_segments() {
+    let s = Recording::new();
+    *s.longest.lock() = Some(ALLOC_STEP);
+    let v = Volume::create_with(s.clone(), &CreateOptions::new(256 * MIB), background()).unwrap();
+    let mut r = rng(34);
+    // 40 MiB of random data: past the first 32 MiB segment, whose
+    // successor asks for ALLOC_AHEAD/2 at once and must settle for a step.
+    let d = data(&mut r, 1, 40 * MIB as usize);
+    for (i, c) in d.chunks(MIB as usize).enumerate() {
+        v.write(i as u64 * MIB, c, false).unwrap();
+    }
+    v.flush().unwrap();
+    let big_refused = s
+        .allocations
+        .lock()
+        .iter()
+        .any(|(o, l, _)| *l > ALLOC_STEP && *o >= DATA_START + SEGMENT);
+    assert!(big_refused, "no allocation ahead was tried past segment 0");
+    let mut b = vec![0u8; d.len()];
+    v.read(0, &mut b).unwrap();
+    assert!(b == d);
+    v.verify_accounting().unwrap();
+    v.close().unwrap();
 }
