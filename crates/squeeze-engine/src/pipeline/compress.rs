@@ -4,9 +4,9 @@
 
 use super::policy::{output_limit, plan, ActivePolicy, Hint, Plan};
 use super::split::Piece;
-use squeeze_codec::{CompressEngine, Job, JobOutput};
+use squeeze_codec::{CompressEngine, Job, JobOutput, JobResult};
 use squeeze_format::{CodecId, SECTOR_SIZE};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
 /// How a blob ended up stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +95,17 @@ impl Item {
 /// The engine's jobs need an owned input: `shared`, when given, is a buffer
 /// that `buf` is the bytes `base..base + buf.len()` of, handed to the jobs
 /// without a copy; otherwise `buf` is copied once for all the jobs.
+///
+/// A single blob (a small write) is compressed by `compress_batch`, which
+/// for the CPU pool runs it on this thread: no handoff. A batch of several
+/// goes wholly to the engine and this thread only waits: a job run on the
+/// writer cost more than on a worker, since the writer's own work between
+/// jobs (splitting, copying records into the log, the map) evicts its
+/// codec's tables from the core's cache. Measured with perf over
+/// `squeeze bench` passes (docs/benchmarks.md, session 5): the engine's
+/// codec time fell from 1.04 to 0.90-0.96 of the raw codec's on the same
+/// blobs, and the engine's whole CPU per GiB from 1.18-1.19 to 1.04-1.11
+/// times raw's.
 pub fn encode(
     engine: &dyn CompressEngine,
     policy: &ActivePolicy,
@@ -103,6 +114,37 @@ pub fn encode(
     shared: Option<(&Arc<Vec<u8>>, usize)>,
     pieces: &[Piece],
 ) -> (Vec<Item>, u64) {
+    let (items, jobs, job_items) = prepare(policy, hint, buf, shared, pieces);
+    let codec = policy.algorithm.codec;
+    let results = match jobs.len() {
+        0 => return (items, 0),
+        1 => engine.compress_batch(policy.algorithm, jobs),
+        _ => {
+            let (tx, rx) = mpsc::sync_channel(1);
+            engine.submit(
+                policy.algorithm,
+                jobs,
+                Box::new(move |results| {
+                    // The receiver waits below until it has them.
+                    let _ = tx.send(results);
+                }),
+            );
+            rx.recv()
+                .expect("engine dropped a batch without calling done")
+        }
+    };
+    collect(items, &job_items, results, codec)
+}
+
+/// The items of `pieces` (blobs as Raw for now), the jobs for the blobs the
+/// policy sends to the codec, and which item each job is for.
+fn prepare(
+    policy: &ActivePolicy,
+    hint: Hint,
+    buf: &[u8],
+    shared: Option<(&Arc<Vec<u8>>, usize)>,
+    pieces: &[Piece],
+) -> (Vec<Item>, Vec<Job>, Vec<usize>) {
     debug_assert!(shared.is_none_or(|(a, base)| a.get(base..base + buf.len()) == Some(buf)));
     let mut items = Vec::with_capacity(pieces.len());
     let mut jobs = Vec::new();
@@ -145,12 +187,19 @@ pub fn encode(
             }
         }
     }
-    if jobs.is_empty() {
-        return (items, 0);
-    }
-    let results = engine.compress_batch(policy.algorithm, jobs);
+    (items, jobs, job_items)
+}
+
+/// Puts the engine's results into the items; returns them and the codec's
+/// CPU nanoseconds.
+fn collect(
+    mut items: Vec<Item>,
+    job_items: &[usize],
+    results: Vec<JobResult>,
+    codec: CodecId,
+) -> (Vec<Item>, u64) {
     let mut cpu_ns = 0;
-    for (r, &i) in results.into_iter().zip(&job_items) {
+    for (r, &i) in results.into_iter().zip(job_items) {
         cpu_ns += r.cpu_ns;
         let Item::Blob {
             payload, outcome, ..
@@ -161,7 +210,7 @@ pub fn encode(
         match r.output {
             JobOutput::Compressed(data) => {
                 *payload = Payload::Compressed {
-                    codec: policy.algorithm.codec,
+                    codec,
                     data,
                     crc: r.output_crc32c,
                 };
