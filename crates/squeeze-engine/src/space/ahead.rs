@@ -5,18 +5,19 @@
 //! never a failed write of an acknowledged record. The head segment is
 //! allocated ALLOC_STEP at a time as the log grows.
 //!
-//! Done by the writer that crosses the allocated end, under the log lock,
-//! that allocation stalled every writer: on ext4 a fallocate that extends
-//! the file waits for the direct writes in flight (`inode_dio_wait`), about
-//! 0.3 ms here, while the other writers queued on the log lock and the
-//! compression workers ran dry (perf sched: a third of the CPU idle time
-//! of an engine write, docs/benchmarks.md). So a volume opened with
-//! background threads keeps the head segment allocated up to ALLOC_AHEAD
-//! past the head from a thread of its own, `sqz-allocate`: `reserve` posts a
-//! request once less than half of that is left, and the writers only
-//! allocate themselves when they outrun the thread. The writer that opens a
-//! new head segment allocates its first ALLOC_AHEAD/2 in one call (rather
-//! than racing the thread through the first steps).
+//! When the writer that crossed the allocated end did that allocation
+//! itself, under the log lock, it stalled every writer: on ext4 a fallocate
+//! that extends the file waits for the direct writes in flight
+//! (`inode_dio_wait`), about 0.3 ms here, while the other writers queued on
+//! the log lock and the compression workers ran dry (perf sched: a third of
+//! the CPU idle time of an engine write, docs/benchmarks.md). So a volume
+//! opened with background threads keeps the head segment allocated up to
+//! ALLOC_AHEAD past the head from a thread of its own, `sqz-allocate`:
+//! `reserve` posts a request once less than half of that is left, and the
+//! writers only allocate themselves when they outrun the thread. The writer
+//! that opens a new head segment allocates its first ALLOC_AHEAD/2 in one
+//! call (rather than racing the thread through the first steps), or only
+//! what its records need if that much does not fit.
 //!
 //! Measured with `squeeze bench` (fio-like data, 2 cores, alternating
 //! runs): the CPU utilisation of the engine write rose from 0.84-0.89 to
