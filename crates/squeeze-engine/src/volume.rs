@@ -718,7 +718,11 @@ impl Volume {
         if self.inner.read_only {
             return Ok(());
         }
-        self.inner.flush()
+        self.inner.flush()?;
+        if self.inner.allocate_ahead {
+            crate::space::ahead::release_after_flush(&self.inner);
+        }
+        Ok(())
     }
 
     /// Runs one bounded cleaner pass (at most one victim segment) if there
@@ -894,6 +898,11 @@ impl Volume {
         }
         if self.inner.read_only || self.inner.poisoned.lock().is_some() {
             return Ok(());
+        }
+        if self.inner.allocate_ahead {
+            if let Err(e) = crate::space::ahead::release(&self.inner) {
+                tracing::warn!("giving back the allocation ahead of the log head: {e}");
+            }
         }
         checkpoint::write(&self.inner, true)
     }
@@ -1624,6 +1633,9 @@ fn maintenance_loop(inner: &Arc<Inner>) {
             // step at a time, so a request that arrives waits for one step.
             if idle_step(inner, &mut ms, activity) {
                 pause = Duration::ZERO;
+            } else if let Err(e) = crate::space::ahead::release(inner) {
+                // Nothing left to do: the head keeps only its step.
+                tracing::debug!("giving back the allocation ahead of the log head: {e}");
             }
         } else {
             // Clean one victim; then rest as long as it took, so client I/O

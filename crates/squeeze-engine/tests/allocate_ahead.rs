@@ -6,7 +6,7 @@
 mod common;
 use common::*;
 use parking_lot::Mutex;
-use squeeze_engine::space::ahead::ALLOC_AHEAD;
+use squeeze_engine::space::ahead::{ALLOC_AHEAD, RELEASE_EVERY};
 use squeeze_engine::volume::ALLOC_STEP;
 use squeeze_engine::{CreateOptions, OpenOptions, SimFaults, SimStorage, Storage, Volume};
 use squeeze_format::layout::DATA_START;
@@ -32,6 +32,7 @@ struct Recording {
     allocations: Mutex<Vec<(u64, u64, String)>>,
     /// Allocations longer than this fail with ENOSPC (a nearly full disk).
     longest: Mutex<Option<u64>>,
+    punches: Mutex<Vec<(u64, u64)>>,
 }
 
 impl Recording {
@@ -40,6 +41,7 @@ impl Recording {
             sim: SimStorage::new(),
             allocations: Mutex::new(Vec::new()),
             longest: Mutex::new(None),
+            punches: Mutex::new(Vec::new()),
         })
     }
 
@@ -100,6 +102,7 @@ impl Storage for Recording {
         self.sim.allocate(offset, len)
     }
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.punches.lock().push((offset, len));
         self.sim.punch(offset, len)
     }
     fn physical_bytes(&self) -> io::Result<u64> {
@@ -271,5 +274,110 @@ fn when_only_small_allocations_fit_the_volume_still_fills_its_segments() {
     v.read(0, &mut b).unwrap();
     assert!(b == d);
     v.verify_accounting().unwrap();
+    v.close().unwrap();
+}
+
+/// Punches past `from` inside segment 0 (the head segment in these tests).
+fn punched_past(s: &Recording, from: u64) -> Vec<(u64, u64)> {
+    s.punches
+        .lock()
+        .iter()
+        .copied()
+        .filter(|&(o, l)| o + l > from && o < DATA_START + SEGMENT)
+        .collect()
+}
+
+#[test]
+fn a_flush_and_a_close_give_back_the_allocation_ahead_once_a_second_at_most() {
+    let s = Recording::new();
+    let v = Volume::create_with(s.clone(), &CreateOptions::new(256 * MIB), background()).unwrap();
+    let mut r = rng(35);
+    let d = data(&mut r, 1, 3 * MIB as usize);
+    v.write(0, &d, false).unwrap();
+    let head = head_after(&v);
+    eventually(
+        "the head segment allocated ALLOC_AHEAD/2 past the head",
+        || s.allocated_run_end(DATA_START) >= head + ALLOC_AHEAD / 2,
+    );
+    let allocated = s.allocated_run_end(DATA_START);
+    // Flush once the allocator is done (a release is skipped while one of
+    // its requests is pending; then the next flush a second later does it).
+    // Reads keep the client active meanwhile, so the maintenance thread's
+    // release when clients idle cannot be what gives it back.
+    let busy_for = |ms: u64| {
+        let mut b = [0u8; 4096];
+        for _ in 0..ms.div_ceil(100) {
+            v.read(0, &mut b).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let mut tries = 0;
+    loop {
+        busy_for(100);
+        v.flush().unwrap();
+        tries += 1;
+        if !punched_past(&s, head).is_empty() {
+            break;
+        }
+        assert!(tries < 3, "three flushes gave nothing back");
+        busy_for(RELEASE_EVERY.as_millis() as u64 + 100);
+    }
+    let flushed = Instant::now();
+    let keep = head.div_ceil(ALLOC_STEP) * ALLOC_STEP;
+    let p = punched_past(&s, head);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].0, keep, "the head's own step is kept");
+    assert!(p[0].0 + p[0].1 >= allocated.min(DATA_START + SEGMENT) - ALLOC_STEP);
+    // A write and a flush right after: the allocator allocates ahead again,
+    // the flush gives nothing back (within RELEASE_EVERY).
+    let more = data(&mut r, 1, MIB as usize);
+    v.write(3 * MIB, &more, false).unwrap();
+    let head2 = head_after(&v);
+    eventually("allocated ahead again", || {
+        s.allocators_in(keep, DATA_START + SEGMENT)
+            .contains(&"sqz-allocate".to_string())
+            && s.allocated_run_end(DATA_START) >= head2 + ALLOC_AHEAD / 2
+    });
+    v.flush().unwrap();
+    if flushed.elapsed() < RELEASE_EVERY {
+        assert_eq!(
+            punched_past(&s, head).len(),
+            1,
+            "a second release within a second"
+        );
+    } else {
+        eprintln!("slow machine: the second flush came after RELEASE_EVERY, not checked");
+    }
+    // Close gives it back, and what was written reads back after reopening.
+    v.close().unwrap();
+    let p = punched_past(&s, head2);
+    assert!(
+        p.iter()
+            .any(|&(o, _)| o == head2.div_ceil(ALLOC_STEP) * ALLOC_STEP),
+        "close kept the allocation ahead: {p:?}"
+    );
+    let v = Volume::open(s.clone(), OpenOptions::default()).unwrap();
+    let mut b = vec![0u8; 4 * MIB as usize];
+    v.read(0, &mut b).unwrap();
+    assert!(b[..3 * MIB as usize] == d[..]);
+    assert!(b[3 * MIB as usize..] == more[..]);
+    v.verify_accounting().unwrap();
+}
+
+#[test]
+fn an_idle_volume_gives_back_the_allocation_ahead() {
+    let s = Recording::new();
+    let v = Volume::create_with(s.clone(), &CreateOptions::new(256 * MIB), background()).unwrap();
+    let mut r = rng(36);
+    v.write(0, &data(&mut r, 1, 3 * MIB as usize), false)
+        .unwrap();
+    let head = head_after(&v);
+    // No flush, no close: the maintenance thread gives it back once
+    // clients have been away for a second.
+    eventually("the allocation ahead given back while idle", || {
+        punched_past(&s, head)
+            .iter()
+            .any(|&(o, _)| o == head.div_ceil(ALLOC_STEP) * ALLOC_STEP)
+    });
     v.close().unwrap();
 }
