@@ -168,7 +168,8 @@ pub(crate) fn release(inner: &Inner) -> std::io::Result<u64> {
         std::thread::sleep(std::time::Duration::from_millis(1));
         log = inner.log.lock();
     }
-    // Segments start at DATA_START + k * seg_size, multiples of ALLOC_STEP.
+    // `keep` is a multiple of ALLOC_STEP (so of a write-behind chunk) or the
+    // segment's end; only in the first case can there be anything past it.
     let seg_end = DATA_START + (u64::from(log.head_segment) + 1) * inner.seg_size;
     let keep = (log.head_offset.div_ceil(ALLOC_STEP) * ALLOC_STEP).min(seg_end);
     if log.allocated_end <= keep {
