@@ -216,15 +216,7 @@ fn a_full_disk_under_the_allocator_gives_enospc_and_recovers() {
         capacity: Some(cap),
         ..Default::default()
     });
-    let mut at = MIB;
-    let err = loop {
-        let d = data(&mut r, 1, 256 << 10);
-        match v.write(at, &d, false) {
-            Ok(()) => at += d.len() as u64,
-            Err(e) => break e,
-        }
-        assert!(at < 64 * MIB, "never ran out of room");
-    };
+    let (at, err) = write_until_error(&v, &mut r, MIB, 64 * MIB);
     assert_eq!(err.errno(), libc::ENOSPC, "{err}");
     assert!(at > MIB, "nothing fit after the limit was set");
     let failed_ahead = s

@@ -182,15 +182,7 @@ fn max_physical_gives_enospc_and_recovers_after_trim() {
     o.max_physical = 8 * MIB;
     let v = Volume::create(s.clone(), &o).unwrap();
     let mut r = rng(8);
-    let mut written = 0u64;
-    let err = loop {
-        let d = data(&mut r, 1, 256 << 10);
-        match v.write(written, &d, false) {
-            Ok(()) => written += d.len() as u64,
-            Err(e) => break e,
-        }
-        assert!(written < 64 * MIB, "never ran out of room");
-    };
+    let (written, err) = write_until_error(&v, &mut r, 0, 64 * MIB);
     assert!(matches!(err, EngineError::NoSpace(_)), "{err}");
     assert_eq!(err.errno(), libc::ENOSPC);
     assert!(written >= 3 * MIB, "only {written} bytes fit");
@@ -225,15 +217,7 @@ fn full_backing_disk_gives_enospc_and_stays_consistent() {
         capacity: Some(s.len().unwrap() + 2 * MIB),
         ..Default::default()
     });
-    let mut at = MIB;
-    let err = loop {
-        let d = data(&mut r, 1, 256 << 10);
-        match v.write(at, &d, false) {
-            Ok(()) => at += d.len() as u64,
-            Err(e) => break e,
-        }
-        assert!(at < 64 * MIB);
-    };
+    let (at, err) = write_until_error(&v, &mut r, MIB, 64 * MIB);
     assert_eq!(err.errno(), libc::ENOSPC, "{err}");
     let mut b = vec![0u8; keep.len()];
     v.read(0, &mut b).unwrap();

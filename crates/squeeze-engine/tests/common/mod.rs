@@ -54,3 +54,22 @@ pub fn data(rng: &mut impl Rng, kind: u32, len: usize) -> Vec<u8> {
         _ => squeeze_codec::testdata::fio_like(len, 60, 4096, rng.gen()),
     }
 }
+
+/// Writes 256 KiB blocks of random bytes from `at` on until a write fails
+/// (at most up to `limit`, else panics); returns where the failed write
+/// would have gone and its error.
+pub fn write_until_error(
+    v: &Volume,
+    rng: &mut impl Rng,
+    mut at: u64,
+    limit: u64,
+) -> (u64, squeeze_engine::EngineError) {
+    loop {
+        let d = data(rng, 1, 256 << 10);
+        match v.write(at, &d, false) {
+            Ok(()) => at += d.len() as u64,
+            Err(e) => return (at, e),
+        }
+        assert!(at < limit, "never ran out of room");
+    }
+}
