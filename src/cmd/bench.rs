@@ -442,19 +442,19 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let (r_secs, cpu_r) = (mid(&r), mid(&cr));
     let (raw_c_secs, raw_d_secs) = (mid(&rc), mid(&rd));
     // Engine against raw codec: the median of each repetition's ratio.
-    let ratio_of = |raw: &[f64], eng: &[f64]| {
+    // Each repetition's engine speed over the raw codec's (none without a
+    // codec), and their median.
+    let per_rep = |raw: &[f64], eng: &[f64]| -> Vec<f64> {
         if codec {
-            mid(&raw.iter().zip(eng).map(|(r, e)| r / e).collect::<Vec<_>>())
+            raw.iter().zip(eng).map(|(r, e)| r / e).collect()
         } else {
-            0.0
+            Vec::new()
         }
     };
-    let (write_vs_raw, read_vs_raw) = (ratio_of(&rc, &w), ratio_of(&rd, &r));
-    let write_vs_raw_reps: Vec<f64> = if codec {
-        rc.iter().zip(&w).map(|(r, e)| r / e).collect()
-    } else {
-        Vec::new()
-    };
+    let median_or_zero = |v: &[f64]| if v.is_empty() { 0.0 } else { mid(v) };
+    let write_vs_raw_reps = per_rep(&rc, &w);
+    let write_vs_raw = median_or_zero(&write_vs_raw_reps);
+    let read_vs_raw = median_or_zero(&per_rep(&rd, &r));
     let raw_cpu_c = mid(&rc_cpu);
     let st = vol.stats();
     // Untimed verification pass.
