@@ -198,6 +198,14 @@ pub(crate) fn segment_of(offset: u64, seg_size: u64) -> SegmentId {
     ((offset - DATA_START) / seg_size) as SegmentId
 }
 
+/// The segment a log head at `offset` is in. The head is never at a
+/// segment's first byte (a segment header is there), so a head on a
+/// boundary is the end of the full segment before it.
+pub(crate) fn head_segment_of(offset: u64, seg_size: u64) -> SegmentId {
+    assert!(offset > DATA_START);
+    segment_of(offset - 1, seg_size)
+}
+
 pub(crate) struct Inner {
     pub storage: Arc<dyn Storage>,
     pub uuid: [u8; 16],

@@ -25,7 +25,7 @@ use crate::map::SectorMap;
 use crate::space::{SegState, SegmentId, SegmentTable, Usage};
 use crate::stats::Counter;
 use crate::storage::Storage;
-use crate::volume::{max_segments, segment_of, Inner, LogState, MapState};
+use crate::volume::{head_segment_of, max_segments, segment_of, Inner, LogState, MapState};
 use squeeze_format::{
     checksum, record::verify_payload, CheckpointReader, FormatError, RecordHeader, RecordKind,
     Superblock, DATA_START, RECORD_HEADER_SIZE,
@@ -146,8 +146,10 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
     let mut expected = ck.header.next_seq;
     let mut visited: BTreeSet<SegmentId> = BTreeSet::new();
     // Records never cross a segment end, so `pos` stays inside (or at the
-    // end of) the segment being replayed.
-    let mut head_segment = segment_of(pos, seg_size);
+    // end of) the segment being replayed, `head_segment`: a head on a
+    // segment boundary is the end of the segment before it, never the start
+    // of the next (that is entered only by its header, through `by_seq`).
+    let mut head_segment = head_segment_of(pos, seg_size);
     visited.insert(head_segment);
     let mut replayed = 0u64;
     let mut skipped = 0u64;
@@ -155,7 +157,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
     // A clean close leaves nothing after the head.
     let mut more = !sb.clean;
     while more {
-        if let Some(h) = read_record(storage, sb, pos, expected, &mut buf) {
+        if let Some(h) = read_record(storage, sb, head_segment, pos, expected, &mut buf) {
             state.apply(&h, pos, seg_size);
             if h.kind == RecordKind::Extent {
                 counters[Counter::BytesWritten as usize] += h.raw_len() as u64;
@@ -169,7 +171,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
         // A gap (a record whose write never completed), or the end of this
         // segment's records: continue with the valid record of the smallest
         // seq above, here or at the start of another segment.
-        let here = scan_forward(storage, sb, pos, expected)?;
+        let here = scan_forward(storage, sb, head_segment, pos, expected)?;
         let there = by_seq
             .range(expected..)
             .find(|(_, s)| !visited.contains(s))
@@ -215,12 +217,17 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
     }
     table.set(head_segment, log_state(head_segment));
     for &s in sb.checkpoint.segments.iter().chain(older) {
+        if s == head_segment {
+            return Err(bad_entry(format!(
+                "the log head ({pos}) is in checkpoint segment {s}"
+            )));
+        }
         if s < max_segs {
             table.set(s, SegState::Checkpoint);
         }
     }
     let checkpoint_head_seq = opened
-        .get(&segment_of(head0, seg_size))
+        .get(&head_segment_of(head0, seg_size))
         .copied()
         .unwrap_or(0);
     Ok(Recovered {
@@ -241,17 +248,20 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
     })
 }
 
-/// Reads the record at `pos` if it is the valid record `expected`.
+/// Reads the record at `pos` in segment `seg` if it is the valid record
+/// `expected`. A segment header counts only at the start of `seg`: the
+/// header of the segment after a full one is not a continuation of it.
 fn read_record(
     storage: &dyn Storage,
     sb: &Superblock,
+    seg: SegmentId,
     pos: u64,
     expected: u64,
     buf: &mut Vec<u8>,
 ) -> Option<RecordHeader> {
-    let seg_size = u64::from(sb.segment_size);
-    let seg_end = DATA_START + (u64::from(segment_of(pos, seg_size)) + 1) * seg_size;
-    if pos + RECORD_HEADER_SIZE as u64 > seg_end {
+    let seg_start = sb.segment_offset(seg);
+    let seg_end = seg_start + u64::from(sb.segment_size);
+    if pos < seg_start || pos + RECORD_HEADER_SIZE as u64 > seg_end {
         return None;
     }
     let mut hdr = [0u8; RECORD_HEADER_SIZE];
@@ -260,7 +270,7 @@ fn read_record(
     if h.uuid != sb.uuid || h.seq != expected || pos + h.record_len() > seg_end {
         return None;
     }
-    if h.kind == RecordKind::SegmentHeader && !(pos - DATA_START).is_multiple_of(seg_size) {
+    if h.kind == RecordKind::SegmentHeader && (pos != seg_start || h.aux != u64::from(seg)) {
         return None;
     }
     if h.stored_len > 0 {
@@ -278,18 +288,18 @@ fn read_record(
     Some(h)
 }
 
-/// The first valid record after `pos` in its segment with a seq of at
+/// The first valid record after `pos` in segment `seg` with a seq of at
 /// least `min_seq`, as (offset, seq). Probes every record-aligned offset:
 /// headers and payloads are checksummed, and every record of this volume
 /// with such a seq was written after the checkpoint (seqs never repeat).
 fn scan_forward(
     storage: &dyn Storage,
     sb: &Superblock,
+    seg: SegmentId,
     pos: u64,
     min_seq: u64,
 ) -> Result<Option<(u64, u64)>> {
     let seg_size = u64::from(sb.segment_size);
-    let seg = segment_of(pos, seg_size);
     let seg_start = sb.segment_offset(seg);
     let seg_end = seg_start + seg_size;
     let from = squeeze_format::align_record(pos + 1);
