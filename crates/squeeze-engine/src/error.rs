@@ -23,6 +23,10 @@ pub enum EngineError {
     ReadOnly(String),
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A broken invariant of the engine's own state (a bug): the volume
+    /// turns read-only rather than act on it.
+    #[error("internal error (the volume turned read-only; please report it): {0}")]
+    Internal(String),
     #[error("codec error at LBA {lba}: {source}")]
     Codec {
         lba: u64,
@@ -51,8 +55,21 @@ impl EngineError {
             _ => io::ErrorKind::Other,
         };
         match self {
-            EngineError::Io(e) => e,
+            // ENOSPC keeps its errno; any other failure of the backing file
+            // is the device's (EIO), never the client's: an EINVAL from
+            // fallocate must not tell a client its request was invalid.
+            EngineError::Io(e) if Self::is_enospc(&e) => e,
             other => io::Error::new(kind, other),
+        }
+    }
+
+    /// An error of the backing store: ENOSPC is `NoSpace` (the caller may
+    /// make room and try again), anything else `Io`.
+    pub(crate) fn from_storage(e: io::Error) -> EngineError {
+        if Self::is_enospc(&e) {
+            EngineError::NoSpace(format!("backing store: {e}"))
+        } else {
+            EngineError::Io(e)
         }
     }
 

@@ -124,6 +124,19 @@ pub(crate) struct LogState {
     pub ahead_failed: Option<SegmentId>,
 }
 
+impl LogState {
+    /// The head lies in the head segment: after its header, at most at its
+    /// end (a full segment). Everything that allocates or punches around
+    /// the head relies on it.
+    pub fn head_in_segment(&self, seg_size: u64) -> bool {
+        let start = DATA_START + u64::from(self.head_segment) * seg_size;
+        self.head_offset >= start + RECORD_HEADER_SIZE as u64
+            && self.head_offset <= start + seg_size
+            && self.allocated_end >= start
+            && self.allocated_end <= start + seg_size
+    }
+}
+
 /// The checkpoint before the current one, which the other superblock slot
 /// names: it is kept intact (its segments, and the log segments its replay
 /// would visit) so a damaged newest slot can fall back to it.
@@ -1354,6 +1367,25 @@ impl Inner {
         Ok(())
     }
 
+    /// A backing-store error met while changing the log or the space:
+    /// ENOSPC comes back as `NoSpace` (nothing was changed; the caller may
+    /// make room); anything else (EINVAL, EIO, EBADF, a short write, ...)
+    /// was not planned for, so the volume turns read-only first.
+    pub(crate) fn storage_failed(&self, e: std::io::Error) -> EngineError {
+        let e = EngineError::from_storage(e);
+        if !matches!(e, EngineError::NoSpace(_)) {
+            self.poison(&e);
+        }
+        e
+    }
+
+    /// Turns the volume read-only for a broken invariant of its own state.
+    pub(crate) fn internal(&self, why: String) -> EngineError {
+        let e = EngineError::Internal(why);
+        self.poison(&e);
+        e
+    }
+
     pub(crate) fn poison(&self, e: &EngineError) {
         let mut p = self.poisoned.lock();
         if p.is_none() {
@@ -1446,18 +1478,17 @@ impl Inner {
             }
         }
         let new_segments = new_used.len() as u64;
-        let enospc = |e: std::io::Error| {
-            if EngineError::is_enospc(&e) {
-                EngineError::NoSpace(format!("backing store: {e}"))
-            } else {
-                EngineError::Io(e)
-            }
-        };
+        if !log.head_in_segment(self.seg_size) {
+            return Err(self.internal(format!(
+                "log head {} is outside its segment {}",
+                log.head_offset, log.head_segment
+            )));
+        }
         if head_need > log.allocated_end {
             let to = (head_need.div_ceil(step) * step).min(seg_end(log.head_segment));
             self.storage
                 .allocate(log.allocated_end, to - log.allocated_end)
-                .map_err(enospc)?;
+                .map_err(|e| self.storage_failed(e))?;
             log.allocated_end = to;
         }
         let mut fresh = Vec::new();
@@ -1490,7 +1521,7 @@ impl Inner {
                         for f in fresh {
                             log.table.set(f, SegState::Free);
                         }
-                        return Err(enospc(e));
+                        return Err(self.storage_failed(e));
                     }
                 }
                 log.table.set(s, SegState::Log { opened_seq: 0 });

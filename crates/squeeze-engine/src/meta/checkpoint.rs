@@ -166,7 +166,11 @@ fn allocate_segments(inner: &Inner, n: u64, len: u64) -> Result<Vec<SegmentId>> 
             for s in &segs {
                 log.table.set(*s, SegState::Free);
             }
-            return Err(EngineError::NoSpace(format!("checkpoint: {e}")));
+            drop(log);
+            return Err(match inner.storage_failed(e) {
+                EngineError::NoSpace(why) => EngineError::NoSpace(format!("checkpoint: {why}")),
+                other => other,
+            });
         }
         log.table.set(s, SegState::Checkpoint);
         segs.push(s);
@@ -190,7 +194,10 @@ pub(crate) fn release(inner: &Inner, segs: &[SegmentId]) -> u64 {
         }
         let off = DATA_START + u64::from(s) * inner.seg_size;
         if let Err(e) = inner.storage.punch(off, inner.seg_size) {
-            tracing::warn!("punching segment {s}: {e}");
+            // Nothing refers to the segment, but the file failed in a way
+            // nobody planned for.
+            tracing::error!("punching segment {s}: {e}");
+            inner.storage_failed(e);
         }
         log.table.set(s, SegState::Free);
         freed += 1;

@@ -40,7 +40,12 @@
 //!   changes nothing (the bytes it allocated in that segment's tail are
 //!   freed with the segment).
 //! - A failed request (ENOSPC) disables allocation ahead for that segment;
-//!   the writers then allocate themselves and report the error.
+//!   the writers then allocate themselves and report the error. Any other
+//!   error from the file turns the volume read-only, and so does a failed
+//!   punch in `release`.
+//! - `release` punches only at or after the head, inside the head segment
+//!   (`LogState::head_in_segment`, checked: a broken one turns the volume
+//!   read-only instead of punching).
 
 use super::SegmentId;
 use crate::volume::{Inner, LogState, ALLOC_STEP};
@@ -143,11 +148,18 @@ pub(crate) fn run(inner: &Inner) {
                 }
             }
             Err(e) => {
-                tracing::debug!(
-                    segment = r.segment,
-                    "allocating ahead of the log head failed ({e}); writers allocate themselves"
-                );
                 log.ahead_failed = Some(r.segment);
+                drop(log);
+                if crate::error::EngineError::is_enospc(&e) {
+                    tracing::debug!(
+                        segment = r.segment,
+                        "allocating ahead of the log head failed ({e}); writers allocate themselves"
+                    );
+                } else {
+                    // Not a full disk: nothing was placed in these bytes, but
+                    // the file answered something nobody planned for.
+                    inner.storage_failed(e);
+                }
             }
         }
     }
@@ -168,6 +180,17 @@ pub(crate) fn release(inner: &Inner) -> std::io::Result<u64> {
         std::thread::sleep(std::time::Duration::from_millis(1));
         log = inner.log.lock();
     }
+    // Records lie below the head, in the head segment: the punch must start
+    // at or after the head and end inside that segment (a head outside its
+    // segment once made this punch the records replay had just found).
+    if !log.head_in_segment(inner.seg_size) {
+        let why = format!(
+            "log head {} / allocated end {} outside the head segment {}",
+            log.head_offset, log.allocated_end, log.head_segment
+        );
+        drop(log);
+        return Err(inner.internal(why).into_io());
+    }
     // `keep` is a multiple of ALLOC_STEP (so of a write-behind chunk) or the
     // segment's end; only in the first case can there be anything past it.
     let seg_end = DATA_START + (u64::from(log.head_segment) + 1) * inner.seg_size;
@@ -176,7 +199,10 @@ pub(crate) fn release(inner: &Inner) -> std::io::Result<u64> {
         return Ok(0);
     }
     let n = log.allocated_end - keep;
-    inner.storage.punch(keep, n)?;
+    if let Err(e) = inner.storage.punch(keep, n) {
+        drop(log);
+        return Err(inner.storage_failed(e).into_io());
+    }
     log.allocated_end = keep;
     Ok(n)
 }

@@ -2,8 +2,11 @@
 //! sees and the image that would survive a power cut, and on `crash` keeps
 //! a random subset of the unsynced writes, torn at 4 KiB page granularity
 //! (the page cache may write back any page of any pending write, in any
-//! order). Faults (EIO, ENOSPC, failed sync, a capacity limit) are injected
-//! through [`SimFaults`].
+//! order). Faults (EIO, ENOSPC, failed sync, a capacity limit, any errno
+//! from an allocation or a punch) are injected through [`SimFaults`].
+//! `allocate` and `punch` refuse the arguments fallocate(2) refuses (an
+//! empty range: EINVAL), so an engine bug that asks for one fails here as
+//! it fails on a real file.
 
 use super::Storage;
 use parking_lot::Mutex;
@@ -27,6 +30,15 @@ pub struct SimFaults {
     pub read_eio: u32,
     /// Bytes the device can hold: allocation past it fails with ENOSPC.
     pub capacity: Option<u64>,
+    /// Fail `allocate` calls with this errno (EINVAL, EIO, EBADF, ...)
+    /// after `allocates_before_fault` succeed.
+    pub allocate_errno: Option<i32>,
+    /// Allocations to let through before `allocate_errno` starts failing.
+    pub allocates_before_fault: u32,
+    /// Fail `punch` calls with this errno.
+    pub punch_errno: Option<i32>,
+    /// Fail writes with this errno instead of EIO (with `write_eio`).
+    pub write_errno: Option<i32>,
     /// Power fails at this write (counted from when the faults are set):
     /// that write and every later I/O fail and change nothing, and
     /// [`SimStorage::crash`] then builds the image from what came before.
@@ -187,6 +199,18 @@ fn dead() -> io::Error {
     io::Error::other("simulated power cut")
 }
 
+/// What fallocate(2) answers for arguments it refuses: EINVAL for an empty
+/// range or a negative offset, EFBIG past the largest file.
+fn check_fallocate(offset: u64, len: u64) -> io::Result<()> {
+    if len == 0 || offset > i64::MAX as u64 || len > i64::MAX as u64 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    if offset.checked_add(len).is_none_or(|e| e > i64::MAX as u64) {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    }
+    Ok(())
+}
+
 impl Storage for SimStorage {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut g = self.inner.lock();
@@ -218,7 +242,10 @@ impl Storage for SimStorage {
             g.faults.writes_before_fault -= 1;
         } else if g.faults.write_eio > 0 {
             g.faults.write_eio -= 1;
-            return Err(eio("write"));
+            return Err(match g.faults.write_errno {
+                Some(errno) => io::Error::from_raw_os_error(errno),
+                None => eio("write"),
+            });
         }
         if let Some(cap) = g.faults.capacity {
             if offset + data.len() as u64 > cap.max(g.allocated_end) {
@@ -274,6 +301,14 @@ impl Storage for SimStorage {
         if g.dead {
             return Err(dead());
         }
+        check_fallocate(offset, len)?;
+        if let Some(errno) = g.faults.allocate_errno {
+            if g.faults.allocates_before_fault > 0 {
+                g.faults.allocates_before_fault -= 1;
+            } else {
+                return Err(io::Error::from_raw_os_error(errno));
+            }
+        }
         if let Some(cap) = g.faults.capacity {
             if offset + len > cap {
                 return Err(io::Error::from_raw_os_error(libc::ENOSPC));
@@ -291,6 +326,10 @@ impl Storage for SimStorage {
         let mut g = self.inner.lock();
         if g.dead {
             return Err(dead());
+        }
+        check_fallocate(offset, len)?;
+        if let Some(errno) = g.faults.punch_errno {
+            return Err(io::Error::from_raw_os_error(errno));
         }
         zero(&mut g.live, offset, len);
         g.pending.push(Pending::Punch { offset, len });
