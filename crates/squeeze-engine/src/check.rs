@@ -3,7 +3,8 @@
 //! accounting invariants, and every live record (header, payload checksum,
 //! decompression), and names each damaged sector by LBA.
 
-use crate::volume::{read_extent, Volume};
+use crate::read::read_extent;
+use crate::volume::Volume;
 use squeeze_format::{MapEntry, Superblock, SECTOR_SIZE, SUPERBLOCK_SIZE};
 
 /// A run of damaged sectors and why.

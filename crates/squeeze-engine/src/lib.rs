@@ -2,26 +2,37 @@
 //! volume. See docs/ARCHITECTURE.md for the data path; each stage is one
 //! module:
 //!
-//! - `volume`: the LBA space, flush/FUA semantics, the public API
+//! - `volume`: the public API and the lifecycle (create, open, close)
+//! - `read`: the read path
+//! - `write`: the write path (read-modify-write, batches, zero ranges)
 //! - `pipeline`: split -> policy -> compress
+//! - `append`: log reservation, record write, map install, flush
+//! - `maintenance`: the background thread
+//! - `space`: segment states, live bytes, allocation ahead, cleaner, merger
+//! - `meta`: superblock, checkpoints, recovery
+//! - `state`: the shared state every stage works on (`Inner`)
 //! - `locks`: range locks and flush tickets
 //! - `map`: the sector map
-//! - `space`: segment states, free list, live-byte accounting
-//! - `meta`: superblock, checkpoints, recovery
 //! - `storage`: the backing file and the crash/fault simulator
 //! - `check`: the scrubber behind `squeeze check`
-//! - `stats`: counters
+//! - `counters`, `stats`: the counters, and the stats assembled from them
 
+pub(crate) mod append;
 pub mod check;
+pub mod counters;
 pub mod error;
 pub mod locks;
+pub(crate) mod maintenance;
 pub mod map;
 pub(crate) mod meta;
 pub mod pipeline;
+pub(crate) mod read;
 pub mod space;
+pub(crate) mod state;
 pub mod stats;
 pub mod storage;
 pub mod volume;
+pub(crate) mod write;
 
 pub use error::{EngineError, Result};
 pub use pipeline::policy::Hint;

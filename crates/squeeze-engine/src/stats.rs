@@ -1,88 +1,14 @@
-//! Counters every stage updates (DESIGN principle 9). Persistent counters
-//! are saved in checkpoints by their index, which is therefore part of the
-//! format: new counters are appended, never renumbered.
+//! Stats assembly: a point-in-time view of the counters (`counters`), the
+//! map, the segment table and the backing file, for `squeeze stats`, its
+//! JSON and /metrics.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::append::Room;
+use crate::counters::{Counter, Counters};
+use crate::meta::checkpoint;
+use crate::state::Inner;
+use squeeze_format::{CodecId, DATA_START, SECTOR_SIZE};
 
-macro_rules! counters {
-    ($($name:ident = $idx:expr, $doc:literal;)*) => {
-        /// Index of a persistent counter.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        #[repr(usize)]
-        pub enum Counter { $(#[doc = $doc] $name = $idx,)* }
-        impl Counter {
-            pub const ALL: &'static [Counter] = &[$(Counter::$name,)*];
-        }
-    };
-}
-
-counters! {
-    BytesWritten = 0, "Bytes clients asked to write (writes, zeroes and trims excluded).";
-    BytesRead = 1, "Bytes clients read.";
-    ZeroSectorsWritten = 2, "Sectors written as all zeros (stored as holes).";
-    SectorsTrimmed = 3, "Sectors trimmed or zeroed by write-zeroes.";
-    BlobsCompressed = 4, "Blobs kept compressed (BlueStore compress_success_count).";
-    BlobsRejected = 5, "Blobs compressed but stored raw: above the required ratio (compress_rejected_count).";
-    BlobsSkipped = 6, "Blobs the incompressibility heuristic or the mode kept from the codec.";
-    CompressNs = 7, "CPU nanoseconds spent compressing.";
-    DecompressNs = 8, "CPU nanoseconds spent decompressing.";
-    LogBytes = 9, "Bytes appended to the log (records and headers).";
-    CheckpointBytes = 10, "Bytes written for checkpoints.";
-    Checkpoints = 11, "Checkpoints written.";
-    ChecksumErrors = 12, "Reads that failed a checksum.";
-    RawIn = 13, "Raw bytes of blobs stored compressed (codec input).";
-    StoredOut = 14, "Payload bytes of blobs stored compressed (codec output).";
-    SegmentsReclaimed = 15, "Segments freed and punched out of the backing file.";
-    CleanerBytesMoved = 16, "Record bytes the cleaner relocated.";
-    RecompressedBlobs = 17, "Blobs the cleaner recompressed with the recompress algorithm.";
-    CodecBytesNone = 18, "Raw bytes written per codec: none.";
-    CodecBytesLz4 = 19, "Raw bytes written per codec: lz4.";
-    CodecBytesZstd = 20, "Raw bytes written per codec: zstd.";
-    CodecBytesSnappy = 21, "Raw bytes written per codec: snappy.";
-    CodecBytesDeflate = 22, "Raw bytes written per codec: deflate.";
-    Flushes = 23, "Flushes completed.";
-    ClientBytesCompressed = 24, "Stored bytes of client data appended (payload plus header), for write amplification.";
-    CleanerNs = 25, "Wall-clock nanoseconds the cleaner spent cleaning victims.";
-    MergedSectors = 26, "Sectors the merger rewrote as whole blobs.";
-    MergedBytes = 27, "Record bytes the merger appended.";
-}
-
-pub const COUNTERS: usize = 28;
-
-#[derive(Default)]
-pub struct Counters {
-    v: [AtomicU64; COUNTERS],
-}
-
-impl Counters {
-    pub fn add(&self, c: Counter, n: u64) {
-        self.v[c as usize].fetch_add(n, Ordering::Relaxed);
-    }
-    pub fn get(&self, c: Counter) -> u64 {
-        self.v[c as usize].load(Ordering::Relaxed)
-    }
-    pub fn snapshot(&self) -> Vec<u64> {
-        self.v.iter().map(|a| a.load(Ordering::Relaxed)).collect()
-    }
-    pub fn load(&self, saved: &[u64]) {
-        for (a, v) in self.v.iter().zip(saved) {
-            a.store(*v, Ordering::Relaxed);
-        }
-    }
-    pub fn codec_bytes(codec: squeeze_format::CodecId) -> Counter {
-        use squeeze_format::CodecId;
-        match codec {
-            CodecId::None => Counter::CodecBytesNone,
-            CodecId::Lz4 => Counter::CodecBytesLz4,
-            CodecId::Zstd => Counter::CodecBytesZstd,
-            CodecId::Snappy => Counter::CodecBytesSnappy,
-            CodecId::Deflate => Counter::CodecBytesDeflate,
-        }
-    }
-}
-
-const _: () = assert!(COUNTERS <= squeeze_format::checkpoint::MAX_COUNTERS);
-const _: () = assert!(Counter::ALL.len() == COUNTERS);
+const SECTOR: u64 = SECTOR_SIZE as u64;
 
 /// A point-in-time view for `squeeze stats`, JSON and /metrics.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -145,4 +71,104 @@ pub struct VolumeStats {
     pub map_memory_bytes: u64,
     pub map_bytes_per_mapped_sector: f64,
     pub read_only_reason: Option<String>,
+}
+
+/// A point-in-time view of the counters and space.
+pub(crate) fn collect(inner: &Inner) -> VolumeStats {
+    let c = &inner.counters;
+    let (mapped, stored, map_mem) = {
+        let st = inner.state.read();
+        (st.map.mapped(), st.usage.live_bytes, st.map.memory_bytes())
+    };
+    let (segments_total, segments_free, available) = {
+        let log = inner.log.lock();
+        (
+            u64::from(log.table.len()),
+            u64::from(log.table.len() - log.table.used()),
+            log.table.available(),
+        )
+    };
+    let physical = inner.storage.physical_bytes().unwrap_or(0);
+    let allocated = (segments_total - segments_free) * inner.seg_size + DATA_START;
+    let mapped_bytes = mapped * SECTOR;
+    let mut per_alg = std::collections::BTreeMap::new();
+    for codec in CodecId::ALL {
+        per_alg.insert(
+            codec.name().to_string(),
+            c.get(Counters::codec_bytes(codec)),
+        );
+    }
+    let client = c.get(Counter::ClientBytesCompressed);
+    let limit = inner.sb.lock().max_physical;
+    // Room client data can still use: the segments kept for checkpoints,
+    // trims and the cleaner are not theirs.
+    let kept = checkpoint::segments_needed(inner, 0) + Room::Data.extra_segments();
+    let free_physical = available.saturating_sub(kept) * inner.seg_size;
+    let space_warning = (limit > 0 && free_physical * 10 < limit).then(|| {
+        format!(
+            "physical space low: {} MiB of the {} MiB cap left; trim or grow --max-physical",
+            free_physical >> 20,
+            limit >> 20
+        )
+    });
+    VolumeStats {
+        logical_size: inner.logical_size,
+        bytes_written: c.get(Counter::BytesWritten),
+        bytes_read: c.get(Counter::BytesRead),
+        mapped_bytes,
+        zero_sectors_written: c.get(Counter::ZeroSectorsWritten),
+        sectors_trimmed: c.get(Counter::SectorsTrimmed),
+        stored_bytes: stored,
+        physical_bytes: physical,
+        allocated_bytes: allocated,
+        free_physical_bytes: free_physical,
+        physical_limit_bytes: limit,
+        space_warning,
+        compression_ratio: ratio(mapped_bytes, stored),
+        effective_ratio: ratio(mapped_bytes, physical),
+        bytes_per_algorithm: per_alg,
+        blobs_compressed: c.get(Counter::BlobsCompressed),
+        blobs_rejected: c.get(Counter::BlobsRejected),
+        blobs_skipped: c.get(Counter::BlobsSkipped),
+        compress_cpu_seconds: c.get(Counter::CompressNs) as f64 / 1e9,
+        decompress_cpu_seconds: c.get(Counter::DecompressNs) as f64 / 1e9,
+        log_bytes_written: c.get(Counter::LogBytes),
+        checkpoint_bytes_written: c.get(Counter::CheckpointBytes),
+        checkpoints: c.get(Counter::Checkpoints),
+        write_amplification: if client == 0 {
+            0.0
+        } else {
+            (c.get(Counter::LogBytes) + c.get(Counter::CheckpointBytes)) as f64 / client as f64
+        },
+        checksum_errors: c.get(Counter::ChecksumErrors),
+        segments_total,
+        segments_free,
+        segments_reclaimed: c.get(Counter::SegmentsReclaimed),
+        cleaner_bytes_moved: c.get(Counter::CleanerBytesMoved),
+        cleaner_seconds: c.get(Counter::CleanerNs) as f64 / 1e9,
+        recompressed_blobs: c.get(Counter::RecompressedBlobs),
+        merged_bytes: c.get(Counter::MergedSectors) * SECTOR,
+        merge_bytes_written: c.get(Counter::MergedBytes),
+        garbage_bytes: crate::space::cleaner::garbage(inner).0,
+        segment_size: inner.seg_size,
+        map_memory_bytes: map_mem,
+        map_bytes_per_mapped_sector: if mapped == 0 {
+            0.0
+        } else {
+            map_mem as f64 / mapped as f64
+        },
+        read_only_reason: inner.poisoned.lock().clone(),
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        if a == 0 {
+            1.0
+        } else {
+            f64::INFINITY
+        }
+    } else {
+        a as f64 / b as f64
+    }
 }

@@ -6,8 +6,8 @@
 mod common;
 use common::*;
 use parking_lot::Mutex;
+use squeeze_engine::space::ahead::ALLOC_STEP;
 use squeeze_engine::space::ahead::{ALLOC_AHEAD, RELEASE_EVERY};
-use squeeze_engine::volume::ALLOC_STEP;
 use squeeze_engine::{CreateOptions, OpenOptions, SimFaults, SimStorage, Storage, Volume};
 use squeeze_format::layout::DATA_START;
 use std::io;

@@ -16,17 +16,42 @@
 //!    wholly before both checkpoints' replay positions and held no live
 //!    sector in the snapshot; punch them out. (Nothing durable refers to them.)
 
+use crate::counters::{Counter, COUNTERS};
 use crate::error::{EngineError, Result};
 use crate::meta::superblock as sbio;
 use crate::space::{SegState, SegmentId};
-use crate::stats::{Counter, COUNTERS};
-use crate::volume::Inner;
+use crate::state::Inner;
 use squeeze_format::checkpoint::{CHECKPOINT_HEADER_SIZE, CHUNK_BYTES};
 use squeeze_format::{checksum, CheckpointHeader, CheckpointRef, CheckpointWriter, DATA_START};
 
 /// Bytes of a checkpoint stream holding `chunks` map chunks.
 pub fn stream_len(chunks: u64) -> u64 {
     (CHECKPOINT_HEADER_SIZE + 8 * COUNTERS) as u64 + chunks * CHUNK_BYTES as u64
+}
+
+/// Segments a checkpoint of the current map needs, with `extra_chunks`
+/// more map chunks than it has now.
+pub(crate) fn segments_needed(inner: &Inner, extra_chunks: u64) -> u64 {
+    let chunks = inner.state.read().map.chunk_count() as u64 + extra_chunks;
+    stream_len(chunks).div_ceil(inner.seg_size)
+}
+
+/// True when dead log segments wait to be freed (by at most two
+/// checkpoints: see `CheckpointHistory`).
+pub(crate) fn reclaimable(inner: &Inner) -> bool {
+    let log = inner.log.lock();
+    let head_seq = match log.table.state(log.head_segment) {
+        SegState::Log { opened_seq } => opened_seq,
+        _ => 0,
+    };
+    // Dead segments before the head: a checkpoint frees those also before
+    // the previous checkpoint's head, a second one the rest.
+    let st = inner.state.read();
+    let any = log.table.iter().any(|(s, state)| match state {
+        SegState::Log { opened_seq } => opened_seq < head_seq && st.usage.get(s).live_sectors == 0,
+        _ => false,
+    });
+    any
 }
 
 /// Writes a checkpoint; with `clean`, also marks the volume cleanly closed.

@@ -20,12 +20,12 @@
 //! the volume jumps its seqs by SEQ_JUMP_AFTER_RECOVERY and writes a fresh
 //! checkpoint, so records left behind can never be taken for new ones.
 
+use crate::counters::Counter;
 use crate::error::{EngineError, Result};
 use crate::map::SectorMap;
 use crate::space::{SegState, SegmentId, SegmentTable, Usage};
-use crate::stats::Counter;
+use crate::state::{head_segment_of, max_segments, segment_of, Inner, LogState, MapState};
 use crate::storage::Storage;
-use crate::volume::{head_segment_of, max_segments, segment_of, Inner, LogState, MapState};
 use squeeze_format::{
     checksum, record::verify_payload, CheckpointReader, FormatError, RecordHeader, RecordKind,
     Superblock, DATA_START, RECORD_HEADER_SIZE,
@@ -119,7 +119,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
         state.usage.add(segment_of(e.record_offset(), seg_size), e);
     }
     let mut counters = ck.counters.clone();
-    counters.resize(crate::stats::COUNTERS, 0);
+    counters.resize(crate::counters::COUNTERS, 0);
 
     // Segment headers: seq -> segment, for following the log across segments.
     let file_len = storage.len()?;

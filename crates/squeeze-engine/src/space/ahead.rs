@@ -48,9 +48,12 @@
 //!   read-only instead of punching).
 
 use super::SegmentId;
-use crate::volume::{Inner, LogState, ALLOC_STEP};
+use crate::state::{Inner, LogState};
 use parking_lot::{Condvar, Mutex};
 use squeeze_format::layout::DATA_START;
+
+/// Granularity of backing-file allocation inside a log segment.
+pub const ALLOC_STEP: u64 = 1 << 20;
 
 /// How far past the head the allocator keeps the head segment allocated.
 pub const ALLOC_AHEAD: u64 = 8 << 20;

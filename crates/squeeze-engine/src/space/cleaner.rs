@@ -27,12 +27,14 @@
 //! merger (`space::merge`) rewrites fragmented windows first. A write that
 //! finds no room cleans in the foreground before answering ENOSPC.
 
+use crate::append::Room;
+use crate::error::EngineError;
 use crate::error::Result;
 use crate::meta::checkpoint;
 use crate::pipeline::compress::Item;
 use crate::pipeline::policy::output_limit;
 use crate::space::{SegState, SegmentId};
-use crate::volume::{Inner, Room};
+use crate::state::Inner;
 use squeeze_codec::{Algorithm, Job, JobOutput};
 use squeeze_format::{
     record::verify_payload, CodecId, CompressionMode, RecordHeader, DATA_START, RECORD_HEADER_SIZE,
@@ -153,7 +155,7 @@ pub(crate) fn clean_segment(inner: &Inner, s: SegmentId) -> Result<CleanReport> 
     let r = clean_segment_inner(inner, s);
     *inner.cleaning.lock() = None;
     inner.counters.add(
-        crate::stats::Counter::CleanerNs,
+        crate::counters::Counter::CleanerNs,
         t0.elapsed().as_nanos() as u64,
     );
     r
@@ -348,11 +350,30 @@ fn flush_items(
     Ok(())
 }
 
+/// Appends `items` to the log; when there is no room, makes room (clean,
+/// then checkpoint so dead segments are freed) and tries once more before
+/// answering ENOSPC. For every append but the cleaner's own.
+pub(crate) fn append_making_room(
+    inner: &Inner,
+    items: &[Item],
+    buf: &[u8],
+    room: Room,
+) -> Result<()> {
+    debug_assert!(room != Room::Cleaner);
+    match inner.append(items, buf, room) {
+        Err(EngineError::NoSpace(_)) => {
+            make_room(inner)?;
+            inner.append(items, buf, room)
+        }
+        r => r,
+    }
+}
+
 /// Cleans until dead segments exist (or no victim is left), then writes a
 /// checkpoint that frees them. Called by a write that found no room.
 pub(crate) fn make_room(inner: &Inner) -> Result<()> {
     let _one = inner.cleaner_lock.lock();
-    if !inner.reclaimable() {
+    if !checkpoint::reclaimable(inner) {
         let mut done = Vec::new();
         for _ in 0..8 {
             let Some(v) = pick_victim(inner, VICTIM_LIVE_MAX_TIGHT, u64::MAX, &done) else {
@@ -360,7 +381,7 @@ pub(crate) fn make_room(inner: &Inner) -> Result<()> {
             };
             clean_segment(inner, v)?;
             done.push(v);
-            if inner.reclaimable() {
+            if checkpoint::reclaimable(inner) {
                 break;
             }
         }
@@ -368,7 +389,7 @@ pub(crate) fn make_room(inner: &Inner) -> Result<()> {
     // Two checkpoints: the first frees what lies before both replay
     // positions, the second what lay only before the newer one.
     for _ in 0..2 {
-        if inner.reclaimable() {
+        if checkpoint::reclaimable(inner) {
             checkpoint::write(inner, false)?;
         }
     }

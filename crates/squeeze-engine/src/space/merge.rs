@@ -35,12 +35,14 @@
 //! synced, the records it replaced are still in the log: they are freed
 //! only by a checkpoint, which syncs first.
 
+use crate::append::Room;
+use crate::counters::Counter;
 use crate::error::{EngineError, Result};
 use crate::pipeline::compress::encode;
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Piece;
-use crate::stats::Counter;
-use crate::volume::{Inner, Room};
+use crate::space::cleaner::append_making_room;
+use crate::state::Inner;
 use squeeze_format::{CodecId, CompressionMode, MapEntry, SECTOR_SIZE};
 
 /// A window is merged once at least this share of its mapped sectors lies
@@ -249,7 +251,7 @@ fn merge_span(
     let (items, cpu_ns) = encode(&*inner.engine, policy, Hint::None, &buf, None, &pieces);
     inner.counters.add(Counter::CompressNs, cpu_ns);
     let before = inner.counters.get(Counter::MergedBytes);
-    inner.append(&items, &buf, Room::Merge)?;
+    append_making_room(inner, &items, &buf, Room::Merge)?;
     rep.bytes_written = inner.counters.get(Counter::MergedBytes) - before;
     Ok(rep)
 }

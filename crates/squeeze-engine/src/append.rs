@@ -1,0 +1,411 @@
+//! The log append: reservation (a seq and an offset for each record,
+//! opening and allocating segments, under the log lock), the record
+//! headers, the positional write of each contiguous run, the map install,
+//! and the flush that makes appended records durable.
+//!
+//! append: reserve (log lock) -> write the records (no lock) -> install in
+//!         the map (map lock) -> complete the ticket
+//! flush:  wait for every ticket issued before it -> sync
+//!
+//! A failed write installs nothing and turns the volume read-only; a
+//! failed reservation changes nothing (`NoSpace`: the caller may make room,
+//! `space::cleaner::append_making_room`).
+
+use crate::counters::{Counter, Counters};
+use crate::error::{EngineError, Result};
+use crate::meta::checkpoint;
+use crate::pipeline::compress::{Item, Outcome};
+use crate::space::ahead::ALLOC_STEP;
+use crate::space::{SegState, SegmentId};
+use crate::state::Inner;
+use squeeze_format::{
+    checksum, CodecId, RecordHeader, RecordKind, DATA_START, RECORD_ALIGN, RECORD_HEADER_SIZE,
+    SECTOR_SIZE,
+};
+
+const SECTOR: u64 = SECTOR_SIZE as u64;
+
+/// Whose log append this is: client data must leave room for what frees
+/// space (trims, the cleaner's relocations and checkpoints).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Room {
+    /// Client data: keeps CLEANER_RESERVE_SEGMENTS free beyond a checkpoint's needs.
+    Data,
+    /// Trims and write-zeroes: may use the cleaner's reserve.
+    Reserve,
+    /// The cleaner's relocations.
+    Cleaner,
+    /// The merger's rewrites: room as for client data (they never eat the
+    /// cleaner's reserve), counted apart from client data.
+    Merge,
+}
+
+/// Segments client data leaves free for the cleaner and for trims.
+pub const CLEANER_RESERVE_SEGMENTS: u64 = 2;
+
+impl Room {
+    pub(crate) fn extra_segments(self) -> u64 {
+        match self {
+            Room::Data | Room::Merge => 1 + CLEANER_RESERVE_SEGMENTS,
+            Room::Reserve | Room::Cleaner => 1,
+        }
+    }
+}
+
+/// One slot of a log reservation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Placement {
+    pub offset: u64,
+    pub seq: u64,
+    /// `None` for a segment header the reservation inserted.
+    pub item: Option<usize>,
+    pub segment: SegmentId,
+}
+
+pub(crate) fn segment_header(uuid: &[u8; 16], seq: u64, segment: SegmentId) -> RecordHeader {
+    RecordHeader {
+        kind: RecordKind::SegmentHeader,
+        codec: CodecId::None,
+        seq,
+        uuid: *uuid,
+        lba: 0,
+        sectors: 0,
+        stored_len: 0,
+        aux: u64::from(segment),
+        payload_crc: 0,
+    }
+}
+
+/// The payload CRC an item's record carries (0 for zero records).
+fn payload_crc(item: &Item, buf: &[u8]) -> u32 {
+    match item {
+        Item::Zero { .. } => 0,
+        _ => item
+            .known_crc()
+            .unwrap_or_else(|| checksum::crc32c(item.payload(buf).1)),
+    }
+}
+
+/// An item's record header; `payload_crc` from [`payload_crc`], computed
+/// once per append outside every lock.
+fn item_header(
+    uuid: &[u8; 16],
+    item: &Item,
+    buf: &[u8],
+    seq: u64,
+    payload_crc: u32,
+) -> RecordHeader {
+    match item {
+        Item::Zero { lba, sectors } => RecordHeader {
+            kind: RecordKind::Zero,
+            codec: CodecId::None,
+            seq,
+            uuid: *uuid,
+            lba: *lba,
+            sectors: *sectors as u32,
+            stored_len: 0,
+            aux: 0,
+            payload_crc: 0,
+        },
+        Item::Moved {
+            lba, sectors, from, ..
+        } => {
+            let (codec, payload) = item.payload(buf);
+            RecordHeader {
+                kind: RecordKind::Relocate,
+                codec,
+                seq,
+                uuid: *uuid,
+                lba: *lba,
+                sectors: *sectors,
+                stored_len: payload.len() as u32,
+                aux: *from,
+                payload_crc,
+            }
+        }
+        Item::Blob { lba, sectors, .. } => {
+            let (codec, payload) = item.payload(buf);
+            RecordHeader {
+                kind: RecordKind::Extent,
+                codec,
+                seq,
+                uuid: *uuid,
+                lba: *lba,
+                sectors: *sectors,
+                stored_len: payload.len() as u32,
+                aux: 0,
+                payload_crc,
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Appends encoded items to the log and installs them in the map.
+    pub(crate) fn append(&self, items: &[Item], buf: &[u8], room: Room) -> Result<()> {
+        let inner = self;
+        let lens: Vec<u64> = items
+            .iter()
+            .map(|it| crate::pipeline::policy::occupied(it.payload(buf).1.len()))
+            .collect();
+        let crcs: Vec<u32> = items.iter().map(|it| payload_crc(it, buf)).collect();
+        let (placements, ticket) = inner.reserve(&lens, room)?;
+        let result = self.write_placements(items, buf, &crcs, &placements);
+        if let Err(e) = result {
+            inner.poison(&e);
+            inner.tickets.complete(ticket);
+            return Err(e);
+        }
+        {
+            let mut st = inner.state.write();
+            for p in placements.iter() {
+                let Some(i) = p.item else { continue };
+                let h = item_header(&inner.uuid, &items[i], buf, p.seq, crcs[i]);
+                st.apply(&h, p.offset, inner.seg_size);
+            }
+        }
+        inner.tickets.complete(ticket);
+        let c = &inner.counters;
+        for (it, len) in items.iter().zip(&lens) {
+            match it {
+                Item::Zero { .. } => {}
+                Item::Moved { recompressed, .. } => {
+                    c.add(Counter::CleanerBytesMoved, *len);
+                    c.add(Counter::RecompressedBlobs, u64::from(*recompressed));
+                }
+                Item::Blob {
+                    sectors, outcome, ..
+                } => {
+                    let raw = u64::from(*sectors) * SECTOR;
+                    let (codec, payload) = it.payload(buf);
+                    if room == Room::Merge {
+                        c.add(Counter::MergedSectors, u64::from(*sectors));
+                        c.add(Counter::MergedBytes, *len);
+                    } else {
+                        c.add(Counters::codec_bytes(codec), raw);
+                        c.add(Counter::ClientBytesCompressed, *len);
+                    }
+                    match outcome {
+                        Outcome::Compressed => {
+                            c.add(Counter::BlobsCompressed, 1);
+                            c.add(Counter::RawIn, raw);
+                            c.add(Counter::StoredOut, payload.len() as u64);
+                        }
+                        Outcome::Rejected => c.add(Counter::BlobsRejected, 1),
+                        Outcome::Skipped | Outcome::NotTried => c.add(Counter::BlobsSkipped, 1),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes the records of a reservation and writes each contiguous run
+    /// with one positional write: the headers, the payloads where the codec
+    /// left them and the padding, gathered without a copy
+    /// (`Storage::write_parts_at`).
+    fn write_placements(
+        &self,
+        items: &[Item],
+        buf: &[u8],
+        crcs: &[u32],
+        placements: &[Placement],
+    ) -> Result<()> {
+        static PAD: [u8; RECORD_ALIGN as usize] = [0; RECORD_ALIGN as usize];
+        let mut headers = vec![0u8; placements.len() * RECORD_HEADER_SIZE];
+        for (p, h) in placements
+            .iter()
+            .zip(headers.chunks_exact_mut(RECORD_HEADER_SIZE))
+        {
+            match p.item {
+                None => segment_header(&self.uuid, p.seq, p.segment).encode(h),
+                Some(i) => item_header(&self.uuid, &items[i], buf, p.seq, crcs[i]).encode(h),
+            }
+        }
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(placements.len() * 3);
+        let (mut run_start, mut run_end, mut total) = (0u64, 0u64, 0u64);
+        for (p, h) in placements
+            .iter()
+            .zip(headers.chunks_exact(RECORD_HEADER_SIZE))
+        {
+            if !parts.is_empty() && run_end != p.offset {
+                self.storage.write_parts_at(&parts, run_start)?;
+                total += run_end - run_start;
+                parts.clear();
+            }
+            if parts.is_empty() {
+                (run_start, run_end) = (p.offset, p.offset);
+            }
+            parts.push(h);
+            let mut len = RECORD_HEADER_SIZE as u64;
+            if let Some(i) = p.item {
+                let (_, payload) = items[i].payload(buf);
+                if !payload.is_empty() {
+                    parts.push(payload);
+                }
+                len = squeeze_format::align_record(len + payload.len() as u64);
+                let pad = (len - RECORD_HEADER_SIZE as u64) as usize - payload.len();
+                if pad > 0 {
+                    parts.push(&PAD[..pad]);
+                }
+            }
+            run_end += len;
+        }
+        if !parts.is_empty() {
+            self.storage.write_parts_at(&parts, run_start)?;
+            total += run_end - run_start;
+        }
+        self.counters.add(Counter::LogBytes, total);
+        Ok(())
+    }
+
+    pub(crate) fn flush(&self) -> Result<()> {
+        if let Some(why) = self.poisoned.lock().clone() {
+            return Err(EngineError::ReadOnly(why));
+        }
+        let target = self.tickets.issued();
+        self.tickets.wait_below(target);
+        let mut synced = self.sync_lock.lock();
+        if *synced >= target {
+            return Ok(());
+        }
+        let upto = self.tickets.issued();
+        self.tickets.wait_below(upto);
+        if let Err(e) = self.storage.sync() {
+            let e = EngineError::Io(e);
+            self.poison(&e);
+            return Err(e);
+        }
+        *synced = upto;
+        self.counters.add(Counter::Flushes, 1);
+        Ok(())
+    }
+
+    /// Reserves log space for records of the given lengths: assigns each a
+    /// seq and an offset, opening (and allocating) new segments as needed.
+    pub(crate) fn reserve(&self, lens: &[u64], room: Room) -> Result<(Vec<Placement>, u64)> {
+        let mut log = self.log.lock();
+        if let Some(why) = self.poisoned.lock().clone() {
+            return Err(EngineError::ReadOnly(why));
+        }
+        let seg_end = |s: SegmentId| DATA_START + (u64::from(s) + 1) * self.seg_size;
+        let step = ALLOC_STEP.min(self.seg_size);
+        // A new head segment gets half of the allocation ahead at once (one
+        // fallocate where the writers would otherwise race the allocator
+        // thread through the first steps); the allocator extends it.
+        let first_alloc = if self.allocate_ahead {
+            crate::space::ahead::ALLOC_AHEAD / 2
+        } else {
+            0
+        };
+        // Dry run: how far into the head segment, how many new segments and
+        // how much of each.
+        let mut pos = log.head_offset;
+        let mut end = seg_end(log.head_segment);
+        let mut head_need = log.head_offset;
+        let mut new_used: Vec<u64> = Vec::new();
+        for &len in lens {
+            if pos + len > end {
+                new_used.push(RECORD_HEADER_SIZE as u64);
+                pos = DATA_START + RECORD_HEADER_SIZE as u64; // any fresh segment start
+                end = DATA_START + self.seg_size;
+            }
+            pos += len;
+            match new_used.last_mut() {
+                Some(u) => *u += len,
+                None => head_need = pos,
+            }
+        }
+        let new_segments = new_used.len() as u64;
+        if !log.head_in_segment(self.seg_size) {
+            return Err(self.internal(format!(
+                "log head {} is outside its segment {}",
+                log.head_offset, log.head_segment
+            )));
+        }
+        if head_need > log.allocated_end {
+            let to = (head_need.div_ceil(step) * step).min(seg_end(log.head_segment));
+            self.storage
+                .allocate(log.allocated_end, to - log.allocated_end)
+                .map_err(|e| self.storage_failed(e))?;
+            log.allocated_end = to;
+        }
+        let mut fresh = Vec::new();
+        // How much of the last new segment got allocated.
+        let mut last_alloc_end = None;
+        if new_segments > 0 {
+            let extra_chunks = lens.len() as u64 * 2 + 2;
+            let reserve = checkpoint::segments_needed(self, extra_chunks) + room.extra_segments();
+            if log.table.available() < new_segments + reserve {
+                return Err(EngineError::NoSpace(format!(
+                    "backing store full: {} segments free, {} needed plus {} kept for checkpoints",
+                    log.table.available(),
+                    new_segments,
+                    reserve
+                )));
+            }
+            for used in &new_used {
+                let s = log.table.pick_free().expect("available segment");
+                let off = DATA_START + u64::from(s) * self.seg_size;
+                let need = (used.div_ceil(step) * step).min(self.seg_size);
+                let n = need.max(first_alloc).min(self.seg_size);
+                // On a nearly full disk, what the records need may still fit.
+                let allocated = match self.storage.allocate(off, n) {
+                    Err(_) if n > need => self.storage.allocate(off, need).map(|()| need),
+                    r => r.map(|()| n),
+                };
+                match allocated {
+                    Ok(n) => last_alloc_end = Some(n),
+                    Err(e) => {
+                        for f in fresh {
+                            log.table.set(f, SegState::Free);
+                        }
+                        return Err(self.storage_failed(e));
+                    }
+                }
+                log.table.set(s, SegState::Log { opened_seq: 0 });
+                fresh.push(s);
+            }
+        }
+        let mut placements = Vec::with_capacity(lens.len() + fresh.len());
+        let mut fresh = fresh.into_iter();
+        let mut total = 0;
+        for (i, &len) in lens.iter().enumerate() {
+            if log.head_offset + len > seg_end(log.head_segment) {
+                let s = fresh.next().expect("segment reserved");
+                let seq = log.next_seq;
+                log.next_seq += 1;
+                log.table.set(s, SegState::Log { opened_seq: seq });
+                let off = DATA_START + u64::from(s) * self.seg_size;
+                placements.push(Placement {
+                    offset: off,
+                    seq,
+                    item: None,
+                    segment: s,
+                });
+                log.head_segment = s;
+                log.head_offset = off + RECORD_HEADER_SIZE as u64;
+                total += RECORD_HEADER_SIZE as u64;
+            }
+            placements.push(Placement {
+                offset: log.head_offset,
+                seq: log.next_seq,
+                item: Some(i),
+                segment: log.head_segment,
+            });
+            log.next_seq += 1;
+            log.head_offset += len;
+            total += len;
+        }
+        let head_start = DATA_START + u64::from(log.head_segment) * self.seg_size;
+        if let Some(n) = last_alloc_end {
+            log.allocated_end = head_start + n;
+        }
+        if self.allocate_ahead {
+            crate::space::ahead::maybe_request(self, &mut log, head_start);
+        }
+        log.bytes_since_checkpoint += total;
+        let ticket = self.tickets.issue();
+        Ok((placements, ticket))
+    }
+}

@@ -1,0 +1,85 @@
+//! Counters every stage updates (DESIGN principle 9). Persistent counters
+//! are saved in checkpoints by their index, which is therefore part of the
+//! format: new counters are appended, never renumbered.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($($name:ident = $idx:expr, $doc:literal;)*) => {
+        /// Index of a persistent counter.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum Counter { $(#[doc = $doc] $name = $idx,)* }
+        impl Counter {
+            pub const ALL: &'static [Counter] = &[$(Counter::$name,)*];
+        }
+    };
+}
+
+counters! {
+    BytesWritten = 0, "Bytes clients asked to write (writes, zeroes and trims excluded).";
+    BytesRead = 1, "Bytes clients read.";
+    ZeroSectorsWritten = 2, "Sectors written as all zeros (stored as holes).";
+    SectorsTrimmed = 3, "Sectors trimmed or zeroed by write-zeroes.";
+    BlobsCompressed = 4, "Blobs kept compressed (BlueStore compress_success_count).";
+    BlobsRejected = 5, "Blobs compressed but stored raw: above the required ratio (compress_rejected_count).";
+    BlobsSkipped = 6, "Blobs the incompressibility heuristic or the mode kept from the codec.";
+    CompressNs = 7, "CPU nanoseconds spent compressing.";
+    DecompressNs = 8, "CPU nanoseconds spent decompressing.";
+    LogBytes = 9, "Bytes appended to the log (records and headers).";
+    CheckpointBytes = 10, "Bytes written for checkpoints.";
+    Checkpoints = 11, "Checkpoints written.";
+    ChecksumErrors = 12, "Reads that failed a checksum.";
+    RawIn = 13, "Raw bytes of blobs stored compressed (codec input).";
+    StoredOut = 14, "Payload bytes of blobs stored compressed (codec output).";
+    SegmentsReclaimed = 15, "Segments freed and punched out of the backing file.";
+    CleanerBytesMoved = 16, "Record bytes the cleaner relocated.";
+    RecompressedBlobs = 17, "Blobs the cleaner recompressed with the recompress algorithm.";
+    CodecBytesNone = 18, "Raw bytes written per codec: none.";
+    CodecBytesLz4 = 19, "Raw bytes written per codec: lz4.";
+    CodecBytesZstd = 20, "Raw bytes written per codec: zstd.";
+    CodecBytesSnappy = 21, "Raw bytes written per codec: snappy.";
+    CodecBytesDeflate = 22, "Raw bytes written per codec: deflate.";
+    Flushes = 23, "Flushes completed.";
+    ClientBytesCompressed = 24, "Stored bytes of client data appended (payload plus header), for write amplification.";
+    CleanerNs = 25, "Wall-clock nanoseconds the cleaner spent cleaning victims.";
+    MergedSectors = 26, "Sectors the merger rewrote as whole blobs.";
+    MergedBytes = 27, "Record bytes the merger appended.";
+}
+
+pub const COUNTERS: usize = 28;
+
+#[derive(Default)]
+pub struct Counters {
+    v: [AtomicU64; COUNTERS],
+}
+
+impl Counters {
+    pub fn add(&self, c: Counter, n: u64) {
+        self.v[c as usize].fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn get(&self, c: Counter) -> u64 {
+        self.v[c as usize].load(Ordering::Relaxed)
+    }
+    pub fn snapshot(&self) -> Vec<u64> {
+        self.v.iter().map(|a| a.load(Ordering::Relaxed)).collect()
+    }
+    pub fn load(&self, saved: &[u64]) {
+        for (a, v) in self.v.iter().zip(saved) {
+            a.store(*v, Ordering::Relaxed);
+        }
+    }
+    pub fn codec_bytes(codec: squeeze_format::CodecId) -> Counter {
+        use squeeze_format::CodecId;
+        match codec {
+            CodecId::None => Counter::CodecBytesNone,
+            CodecId::Lz4 => Counter::CodecBytesLz4,
+            CodecId::Zstd => Counter::CodecBytesZstd,
+            CodecId::Snappy => Counter::CodecBytesSnappy,
+            CodecId::Deflate => Counter::CodecBytesDeflate,
+        }
+    }
+}
+
+const _: () = assert!(COUNTERS <= squeeze_format::checkpoint::MAX_COUNTERS);
+const _: () = assert!(Counter::ALL.len() == COUNTERS);

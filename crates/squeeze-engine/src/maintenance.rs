@@ -1,0 +1,138 @@
+//! The maintenance thread (`sqz-maintenance`): while clients write, one
+//! cleaner victim at a time with a rest as long as it took; once they have
+//! been idle for IDLE_AFTER, merging and cleaning without pause, one
+//! bounded step at a time; a checkpoint every CHECKPOINT_LOG_BYTES of log
+//! or when dead segments wait to be freed.
+
+use crate::counters::Counter;
+use crate::meta::checkpoint;
+use crate::state::Inner;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Log bytes after which the background thread writes a checkpoint.
+pub const CHECKPOINT_LOG_BYTES: u64 = 256 << 20;
+
+/// Clients quiet this long, and the maintenance thread works without pause.
+pub const IDLE_AFTER: Duration = Duration::from_secs(1);
+
+/// Changes whenever a client reads, writes, trims or zeroes.
+fn client_activity(inner: &Inner) -> u64 {
+    let c = &inner.counters;
+    c.get(Counter::BytesWritten)
+        .wrapping_add(c.get(Counter::BytesRead))
+        .wrapping_add(c.get(Counter::SectorsTrimmed))
+}
+
+/// The merger's state in the maintenance thread.
+#[derive(Default)]
+struct MergeState {
+    cursor: crate::space::merge::Cursor,
+    /// Clients wrote since the current sweep began.
+    dirty: bool,
+    /// Client activity at which a whole sweep found nothing to merge: no
+    /// sweep until it changes.
+    settled: Option<u64>,
+}
+
+/// One step of work while clients are idle; false when there is none left.
+fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
+    use crate::space::{cleaner, merge};
+    // Merging turns the records it replaces into garbage: collect it first
+    // once there is as much as the busy cleaner would start at.
+    let (dead, total) = cleaner::garbage(inner);
+    if total > 0 && dead as f64 > cleaner::GARBAGE_FRACTION_START * total as f64 {
+        match cleaner::background_pass(inner) {
+            Ok(Some(_)) => return true,
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!("cleaner pass failed: {e}");
+                return false;
+            }
+        }
+    }
+    if inner.idle_merge && ms.settled != Some(activity) && merge::worthwhile(inner) {
+        if ms.cursor.lba == 0 {
+            ms.cursor.merged_this_sweep = 0;
+            ms.dirty = false;
+        }
+        match merge::step(inner, &mut ms.cursor) {
+            Ok((_, done)) => {
+                if done && ms.cursor.merged_this_sweep == 0 && !ms.dirty {
+                    ms.settled = Some(activity);
+                }
+            }
+            Err(e) => {
+                // Out of room or read-only: try again after clients did
+                // something.
+                tracing::info!("merger stopped: {e}");
+                ms.settled = Some(activity);
+            }
+        }
+        return true;
+    }
+    match cleaner::idle_pass(inner) {
+        Ok(r) => r.is_some(),
+        Err(e) => {
+            tracing::warn!("cleaner pass failed: {e}");
+            false
+        }
+    }
+}
+
+pub(crate) fn maintenance_loop(inner: &Arc<Inner>) {
+    let (m, cv) = &inner.stop;
+    let mut pause = Duration::from_millis(500);
+    let mut activity = client_activity(inner);
+    let mut active_at = Instant::now();
+    let mut ms = MergeState::default();
+    loop {
+        {
+            let mut stop = m.lock();
+            if *stop {
+                return;
+            }
+            if !pause.is_zero() {
+                cv.wait_for(&mut stop, pause);
+            }
+            if *stop {
+                return;
+            }
+        }
+        pause = Duration::from_millis(500);
+        if inner.poisoned.lock().is_some() {
+            continue;
+        }
+        let a = client_activity(inner);
+        if a != activity {
+            activity = a;
+            active_at = Instant::now();
+            ms.dirty = true;
+        }
+        if active_at.elapsed() >= IDLE_AFTER {
+            // Clients are away: merge and clean without pause, one bounded
+            // step at a time, so a request that arrives waits for one step.
+            if idle_step(inner, &mut ms, activity) {
+                pause = Duration::ZERO;
+            } else if let Err(e) = crate::space::ahead::release(inner) {
+                // Nothing left to do: the head keeps only its step.
+                tracing::debug!("giving back the allocation ahead of the log head: {e}");
+            }
+        } else {
+            // Clean one victim; then rest as long as it took, so client I/O
+            // keeps at least half of the time.
+            let t0 = Instant::now();
+            match crate::space::cleaner::background_pass(inner) {
+                Ok(Some(_)) => pause = t0.elapsed().max(Duration::from_millis(1)),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("cleaner pass failed: {e}"),
+            }
+        }
+        let due = inner.log.lock().bytes_since_checkpoint >= CHECKPOINT_LOG_BYTES;
+        if due || checkpoint::reclaimable(inner) {
+            if let Err(e) = checkpoint::write(inner, false) {
+                tracing::warn!("background checkpoint failed: {e}");
+            }
+        }
+    }
+}

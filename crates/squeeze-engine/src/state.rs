@@ -1,0 +1,244 @@
+//! The volume's shared state, below every stage of the data path: the log
+//! (head, allocation, segment table), the sector map with the live bytes
+//! of each segment, and `Inner`, which holds them with the storage, the
+//! policy, the locks and the counters.
+//!
+//! Every stage takes `&Inner`: the read path (`read`), the write path
+//! (`write`), the log append (`append`), space management (`space`),
+//! metadata (`meta`), the maintenance thread (`maintenance`) and the stats
+//! assembly (`stats`). Nothing here depends on them or on the public API
+//! (`volume`).
+//!
+//! Invariants:
+//! - Log order = map order for every sector: overlapping writers are
+//!   serialised by the range locks, and seq is assigned under the log lock.
+//! - The head lies in the head segment (`LogState::head_in_segment`).
+//! - After any unplanned failure of the backing file, `poisoned` holds the
+//!   reason and the volume is read-only until reopened (it cannot know what
+//!   reached the medium).
+
+use crate::counters::Counters;
+use crate::error::{EngineError, Result};
+use crate::locks::{RangeLocks, Tickets};
+use crate::map::SectorMap;
+use crate::pipeline::policy::ActivePolicy;
+use crate::space::{SegmentId, SegmentTable, Usage};
+use crate::storage::Storage;
+use parking_lot::{Condvar, Mutex, RwLock};
+use squeeze_codec::CompressEngine;
+use squeeze_format::{
+    MapEntry, RecordHeader, RecordKind, Superblock, DATA_START, MAX_BACKING_BYTES,
+    RECORD_HEADER_SIZE,
+};
+use std::sync::Arc;
+
+pub(crate) struct LogState {
+    pub head_offset: u64,
+    /// The head segment is allocated (fallocated) up to here; the rest of it
+    /// is allocated ALLOC_STEP at a time as the log grows (ahead of the head
+    /// by the allocator thread, space::ahead), so a volume does not occupy
+    /// whole segments it has not written.
+    pub allocated_end: u64,
+    pub head_segment: SegmentId,
+    pub next_seq: u64,
+    pub table: SegmentTable,
+    pub bytes_since_checkpoint: u64,
+    /// A request to the allocator thread is outstanding (space::ahead).
+    pub ahead_pending: bool,
+    /// Allocating ahead failed in this segment: writers allocate themselves.
+    pub ahead_failed: Option<SegmentId>,
+}
+
+impl LogState {
+    /// The head lies in the head segment: after its header, at most at its
+    /// end (a full segment). Everything that allocates or punches around
+    /// the head relies on it.
+    pub fn head_in_segment(&self, seg_size: u64) -> bool {
+        let start = DATA_START + u64::from(self.head_segment) * seg_size;
+        self.head_offset >= start + RECORD_HEADER_SIZE as u64
+            && self.head_offset <= start + seg_size
+            && self.allocated_end >= start
+            && self.allocated_end <= start + seg_size
+    }
+}
+
+/// The checkpoint before the current one, which the other superblock slot
+/// names: it is kept intact (its segments, and the log segments its replay
+/// would visit) so a damaged newest slot can fall back to it.
+pub(crate) struct CheckpointHistory {
+    /// Segments of the previous checkpoint (freed when the next is written).
+    pub older_segments: Vec<SegmentId>,
+    /// Opened seq of the segment holding the previous checkpoint's replay
+    /// position: log segments opened at or after it are not freed.
+    pub prev_head_seq: u64,
+}
+
+pub(crate) struct MapState {
+    pub map: SectorMap,
+    pub usage: Usage,
+}
+
+impl MapState {
+    /// Points `lba` at `new`, keeping segment usage in step.
+    pub fn replace(&mut self, lba: u64, new: MapEntry, seg_size: u64) -> MapEntry {
+        let old = self.map.set(lba, new);
+        if old.is_mapped() {
+            self.usage
+                .remove(segment_of(old.record_offset(), seg_size), old);
+        }
+        if new.is_mapped() {
+            self.usage
+                .add(segment_of(new.record_offset(), seg_size), new);
+        }
+        old
+    }
+
+    /// Unmaps `[lba, lba+n)`, visiting mapped sectors only.
+    pub fn unmap(&mut self, lba: u64, n: u64, seg_size: u64) {
+        let end = lba + n;
+        let mut at = lba;
+        while let Some(l) = self.map.next_mapped(at, end) {
+            self.replace(l, MapEntry::UNMAPPED, seg_size);
+            at = l + 1;
+        }
+    }
+
+    /// Applies a record at `offset` (runtime install and replay alike).
+    pub fn apply(&mut self, h: &RecordHeader, offset: u64, seg_size: u64) {
+        match h.kind {
+            RecordKind::Extent => {
+                for i in 0..h.sectors {
+                    let e = MapEntry::new(offset, i, h.sectors, h.record_len());
+                    self.replace(h.lba + u64::from(i), e, seg_size);
+                }
+            }
+            RecordKind::Relocate => {
+                for i in 0..h.sectors {
+                    let lba = h.lba + u64::from(i);
+                    let cur = self.map.get(lba);
+                    // The old record's offset identifies it; a sector's
+                    // index in it is fixed by its LBA, so the offset is
+                    // all a relocation has to match.
+                    if cur.is_mapped() && cur.record_offset() == h.aux {
+                        let e = MapEntry::new(offset, i, h.sectors, h.record_len());
+                        self.replace(lba, e, seg_size);
+                    }
+                }
+            }
+            RecordKind::Zero => self.unmap(h.lba, u64::from(h.sectors), seg_size),
+            RecordKind::SegmentHeader => {}
+        }
+    }
+}
+
+pub(crate) fn segment_of(offset: u64, seg_size: u64) -> SegmentId {
+    assert!(offset >= DATA_START);
+    ((offset - DATA_START) / seg_size) as SegmentId
+}
+
+/// The segment a log head at `offset` is in. The head is never at a
+/// segment's first byte (a segment header is there), so a head on a
+/// boundary is the end of the full segment before it.
+pub(crate) fn head_segment_of(offset: u64, seg_size: u64) -> SegmentId {
+    assert!(offset > DATA_START);
+    segment_of(offset - 1, seg_size)
+}
+
+pub(crate) fn max_segments(sb: &Superblock) -> u32 {
+    let cap = if sb.max_physical == 0 {
+        MAX_BACKING_BYTES
+    } else {
+        sb.max_physical
+    };
+    (cap.saturating_sub(DATA_START) / u64::from(sb.segment_size)).min(u64::from(u32::MAX)) as u32
+}
+
+pub(crate) struct Inner {
+    pub storage: Arc<dyn Storage>,
+    pub uuid: [u8; 16],
+    pub logical_size: u64,
+    pub seg_size: u64,
+    pub sb: Mutex<Superblock>,
+    pub policy: RwLock<ActivePolicy>,
+    pub engine: Arc<dyn CompressEngine>,
+    pub log: Mutex<LogState>,
+    pub state: RwLock<MapState>,
+    pub ranges: RangeLocks,
+    pub tickets: Tickets,
+    /// Readers hold it shared from map lookup to the end of their read;
+    /// freeing segments takes it exclusively, so no reader ever reads a
+    /// segment after it was handed out again.
+    pub gate: RwLock<()>,
+    pub sync_lock: Mutex<u64>,
+    pub ckpt_lock: Mutex<()>,
+    pub ckpt_history: Mutex<CheckpointHistory>,
+    /// One cleaner at a time (background, foreground or compact).
+    pub cleaner_lock: Mutex<()>,
+    /// The segment the cleaner is working on: a checkpoint does not free it
+    /// (its offsets must not be reused while relocations of it are being
+    /// installed); the next checkpoint does.
+    pub cleaning: Mutex<Option<SegmentId>>,
+    pub counters: Counters,
+    pub poisoned: Mutex<Option<String>>,
+    pub read_only: bool,
+    /// The maintenance thread merges fragmented windows when clients idle.
+    pub idle_merge: bool,
+    pub stop: (Mutex<bool>, Condvar),
+    /// The allocator thread runs (background threads): `reserve` asks it to
+    /// allocate ahead of the head (space::ahead).
+    pub allocate_ahead: bool,
+    pub ahead: crate::space::ahead::Ahead,
+}
+
+impl Inner {
+    pub(crate) fn writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(EngineError::ReadOnly("opened read-only".into()));
+        }
+        if let Some(why) = self.poisoned.lock().clone() {
+            return Err(EngineError::ReadOnly(why));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.logical_size)
+        {
+            return Err(EngineError::OutOfRange {
+                offset,
+                len,
+                size: self.logical_size,
+            });
+        }
+        Ok(())
+    }
+
+    /// A backing-store error met while changing the log or the space:
+    /// ENOSPC comes back as `NoSpace` (nothing was changed; the caller may
+    /// make room); anything else (EINVAL, EIO, EBADF, a short write, ...)
+    /// was not planned for, so the volume turns read-only first.
+    pub(crate) fn storage_failed(&self, e: std::io::Error) -> EngineError {
+        let e = EngineError::from_storage(e);
+        if !matches!(e, EngineError::NoSpace(_)) {
+            self.poison(&e);
+        }
+        e
+    }
+
+    /// Turns the volume read-only for a broken invariant of its own state.
+    pub(crate) fn internal(&self, why: String) -> EngineError {
+        let e = EngineError::Internal(why);
+        self.poison(&e);
+        e
+    }
+
+    pub(crate) fn poison(&self, e: &EngineError) {
+        let mut p = self.poisoned.lock();
+        if p.is_none() {
+            tracing::error!("volume turns read-only: {e}");
+            *p = Some(e.to_string());
+        }
+    }
+}
