@@ -19,8 +19,7 @@ use crate::space::ahead::ALLOC_STEP;
 use crate::space::{SegState, SegmentId};
 use crate::state::Inner;
 use squeeze_format::{
-    checksum, CodecId, RecordHeader, RecordKind, DATA_START, RECORD_ALIGN, RECORD_HEADER_SIZE,
-    SECTOR_SIZE,
+    checksum, CodecId, RecordHeader, RecordKind, RECORD_ALIGN, RECORD_HEADER_SIZE, SECTOR_SIZE,
 };
 
 const SECTOR: u64 = SECTOR_SIZE as u64;
@@ -146,7 +145,7 @@ impl Inner {
         let inner = self;
         let lens: Vec<u64> = items
             .iter()
-            .map(|it| crate::pipeline::policy::occupied(it.payload(buf).1.len()))
+            .map(|it| squeeze_format::record_bytes(it.payload(buf).1.len() as u64))
             .collect();
         let crcs: Vec<u32> = items.iter().map(|it| payload_crc(it, buf)).collect();
         let (placements, ticket) = inner.reserve(&lens, room)?;
@@ -288,7 +287,6 @@ impl Inner {
         if let Some(why) = self.poisoned.lock().clone() {
             return Err(EngineError::ReadOnly(why));
         }
-        let seg_end = |s: SegmentId| DATA_START + (u64::from(s) + 1) * self.seg_size;
         let step = ALLOC_STEP.min(self.seg_size);
         // A new head segment gets half of the allocation ahead at once (one
         // fallocate where the writers would otherwise race the allocator
@@ -301,14 +299,14 @@ impl Inner {
         // Dry run: how far into the head segment, how many new segments and
         // how much of each.
         let mut pos = log.head_offset;
-        let mut end = seg_end(log.head_segment);
+        let mut end = self.segment_end(log.head_segment);
         let mut head_need = log.head_offset;
         let mut new_used: Vec<u64> = Vec::new();
         for &len in lens {
             if pos + len > end {
                 new_used.push(RECORD_HEADER_SIZE as u64);
-                pos = DATA_START + RECORD_HEADER_SIZE as u64; // any fresh segment start
-                end = DATA_START + self.seg_size;
+                pos = self.segment_offset(0) + RECORD_HEADER_SIZE as u64; // any fresh segment start
+                end = self.segment_end(0);
             }
             pos += len;
             match new_used.last_mut() {
@@ -324,7 +322,7 @@ impl Inner {
             )));
         }
         if head_need > log.allocated_end {
-            let to = (head_need.div_ceil(step) * step).min(seg_end(log.head_segment));
+            let to = (head_need.div_ceil(step) * step).min(self.segment_end(log.head_segment));
             self.storage
                 .allocate(log.allocated_end, to - log.allocated_end)
                 .map_err(|e| self.storage_failed(e))?;
@@ -346,7 +344,7 @@ impl Inner {
             }
             for used in &new_used {
                 let s = log.table.pick_free().expect("available segment");
-                let off = DATA_START + u64::from(s) * self.seg_size;
+                let off = self.segment_offset(s);
                 let need = (used.div_ceil(step) * step).min(self.seg_size);
                 let n = need.max(first_alloc).min(self.seg_size);
                 // On a nearly full disk, what the records need may still fit.
@@ -371,12 +369,12 @@ impl Inner {
         let mut fresh = fresh.into_iter();
         let mut total = 0;
         for (i, &len) in lens.iter().enumerate() {
-            if log.head_offset + len > seg_end(log.head_segment) {
+            if log.head_offset + len > self.segment_end(log.head_segment) {
                 let s = fresh.next().expect("segment reserved");
                 let seq = log.next_seq;
                 log.next_seq += 1;
                 log.table.set(s, SegState::Log { opened_seq: seq });
-                let off = DATA_START + u64::from(s) * self.seg_size;
+                let off = self.segment_offset(s);
                 placements.push(Placement {
                     offset: off,
                     seq,
@@ -397,12 +395,12 @@ impl Inner {
             log.head_offset += len;
             total += len;
         }
-        let head_start = DATA_START + u64::from(log.head_segment) * self.seg_size;
+        let head_start = self.segment_offset(log.head_segment);
         if let Some(n) = last_alloc_end {
             log.allocated_end = head_start + n;
         }
         if self.allocate_ahead {
-            crate::space::ahead::maybe_request(self, &mut log, head_start);
+            crate::space::ahead::maybe_request(self, &mut log);
         }
         log.bytes_since_checkpoint += total;
         let ticket = self.tickets.issue();

@@ -54,7 +54,7 @@ impl LogState {
     /// end (a full segment). Everything that allocates or punches around
     /// the head relies on it.
     pub fn head_in_segment(&self, seg_size: u64) -> bool {
-        let start = DATA_START + u64::from(self.head_segment) * seg_size;
+        let start = squeeze_format::segment_offset(seg_size, self.head_segment);
         self.head_offset >= start + RECORD_HEADER_SIZE as u64
             && self.head_offset <= start + seg_size
             && self.allocated_end >= start
@@ -191,6 +191,16 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// Byte offset of segment `s` in the backing file.
+    pub(crate) fn segment_offset(&self, s: SegmentId) -> u64 {
+        squeeze_format::segment_offset(self.seg_size, s)
+    }
+
+    /// Byte offset just past segment `s`.
+    pub(crate) fn segment_end(&self, s: SegmentId) -> u64 {
+        self.segment_offset(s) + self.seg_size
+    }
+
     pub(crate) fn writable(&self) -> Result<()> {
         if self.read_only {
             return Err(EngineError::ReadOnly("opened read-only".into()));

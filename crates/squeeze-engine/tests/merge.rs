@@ -253,7 +253,10 @@ fn idle_clients_get_their_ratio_back() {
     // sweep is over when the count stops moving.
     let mut last = (v.stats().merged_bytes, Instant::now());
     while last.1.elapsed() < Duration::from_millis(1500) {
-        assert!(t0.elapsed() < Duration::from_secs(60), "merging never settled");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "merging never settled"
+        );
         std::thread::sleep(Duration::from_millis(50));
         let now = v.stats().merged_bytes;
         if now != last.0 {

@@ -48,3 +48,15 @@ const _: () = assert!(MAX_RECORD_BYTES.div_ceil(RECORD_ALIGN) < (1 << 14));
 pub const fn align_record(n: u64) -> u64 {
     n.div_ceil(RECORD_ALIGN) * RECORD_ALIGN
 }
+
+/// Bytes a record with `payload_len` bytes of payload occupies in the log:
+/// its header, the payload and the padding to the next record.
+pub const fn record_bytes(payload_len: u64) -> u64 {
+    align_record(RECORD_HEADER_SIZE as u64 + payload_len)
+}
+
+/// Byte offset of `segment` in the backing file (segments of
+/// `segment_size` bytes from DATA_START): the one place this is computed.
+pub const fn segment_offset(segment_size: u64, segment: u32) -> u64 {
+    DATA_START + segment as u64 * segment_size
+}

@@ -16,7 +16,7 @@ pub use checkpoint::{CheckpointHeader, CheckpointReader, CheckpointWriter, CHUNK
 pub use codec_id::CodecId;
 pub use layout::*;
 pub use map_entry::MapEntry;
-pub use record::{RecordHeader, RecordKind};
+pub use record::{RecordHeader, RecordKind, RecordScan, ScannedRecord, Stride};
 pub use superblock::{CheckpointRef, CompressionMode, Policy, Superblock, FORMAT_VERSION};
 
 /// A decode failure: bytes from disk never panic, they produce one of these.

@@ -23,7 +23,9 @@
 //! sector count within bounds for the kind, and (for extents) a payload that
 //! fits the uncompressed size when the codec is `None`.
 
-use crate::layout::{align_record, MAX_BLOB_SECTORS, RECORD_HEADER_SIZE, SECTOR_SIZE};
+use crate::layout::{
+    align_record, MAX_BLOB_SECTORS, RECORD_ALIGN, RECORD_HEADER_SIZE, SECTOR_SIZE,
+};
 use crate::le::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
 use crate::{checksum, CodecId, FormatError};
 
@@ -213,6 +215,77 @@ pub fn verify_payload(h: &RecordHeader, payload: &[u8]) -> Result<(), FormatErro
     Ok(())
 }
 
+/// How a [`RecordScan`] goes on after a record it yielded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stride {
+    /// Past the record: a walk over a segment's records (the cleaner).
+    Record,
+    /// To the next aligned offset: a probe for valid records among bytes
+    /// that may hold torn or stale ones (recovery after a gap).
+    Probe,
+}
+
+/// One record a [`RecordScan`] found: its offset in the buffer, its header
+/// and its payload (not yet checked against the payload CRC).
+#[derive(Clone, Copy, Debug)]
+pub struct ScannedRecord<'a> {
+    pub offset: usize,
+    pub header: RecordHeader,
+    pub payload: &'a [u8],
+}
+
+/// The records in a buffer of log bytes: at each [`RECORD_ALIGN`]ed offset,
+/// a header that decodes (magic, version, header CRC), carries `uuid` and
+/// whose record ends inside the buffer is yielded; other bytes are passed
+/// over at the next aligned offset. The one record walk of the engine's
+/// cleaner and recovery.
+pub struct RecordScan<'a> {
+    buf: &'a [u8],
+    uuid: [u8; 16],
+    stride: Stride,
+    off: usize,
+}
+
+impl<'a> RecordScan<'a> {
+    /// Scans `buf` from its start (which must be record-aligned in the log).
+    pub fn new(buf: &'a [u8], uuid: [u8; 16], stride: Stride) -> RecordScan<'a> {
+        RecordScan {
+            buf,
+            uuid,
+            stride,
+            off: 0,
+        }
+    }
+}
+
+impl<'a> Iterator for RecordScan<'a> {
+    type Item = ScannedRecord<'a>;
+
+    fn next(&mut self) -> Option<ScannedRecord<'a>> {
+        let align = RECORD_ALIGN as usize;
+        while self.off + RECORD_HEADER_SIZE <= self.buf.len() {
+            let at = self.off;
+            if let Ok(h) = RecordHeader::decode(&self.buf[at..at + RECORD_HEADER_SIZE]) {
+                let len = h.record_len() as usize;
+                if h.uuid == self.uuid && at + len <= self.buf.len() {
+                    self.off += match self.stride {
+                        Stride::Record => len,
+                        Stride::Probe => align,
+                    };
+                    let p = at + RECORD_HEADER_SIZE;
+                    return Some(ScannedRecord {
+                        offset: at,
+                        header: h,
+                        payload: &self.buf[p..p + h.stored_len as usize],
+                    });
+                }
+            }
+            self.off += align;
+        }
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,5 +359,46 @@ mod tests {
             verify_payload(&h, &bad),
             Err(FormatError::ChecksumMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn record_scan_walks_records_and_passes_over_other_bytes() {
+        let uuid = [7u8; 16];
+        let rec = |lba: u64, seq: u64, payload: &[u8]| {
+            let h = RecordHeader {
+                kind: RecordKind::Extent,
+                codec: CodecId::Lz4,
+                seq,
+                uuid,
+                lba,
+                sectors: 1,
+                stored_len: payload.len() as u32,
+                aux: 0,
+                payload_crc: crate::checksum::crc32c(payload),
+            };
+            let mut b = vec![0u8; crate::layout::record_bytes(payload.len() as u64) as usize];
+            h.encode(&mut b[..RECORD_HEADER_SIZE]);
+            b[RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + payload.len()].copy_from_slice(payload);
+            b
+        };
+        let mut buf = rec(1, 10, &[1u8; 40]);
+        buf.extend_from_slice(&[0xa5u8; 48]); // garbage, three aligned slots
+        let second = buf.len();
+        buf.extend(rec(2, 11, &[2u8; 100]));
+        let mut other = rec(3, 12, &[3u8; 8]);
+        other[8] ^= 0xff; // a damaged header
+        buf.extend(other);
+        let walk: Vec<_> = RecordScan::new(&buf, uuid, Stride::Record).collect();
+        assert_eq!(walk.len(), 2);
+        assert_eq!((walk[0].offset, walk[0].header.lba), (0, 1));
+        assert_eq!(walk[0].payload, &[1u8; 40][..]);
+        assert_eq!((walk[1].offset, walk[1].header.lba), (second, 2));
+        // Another volume's records are not ours.
+        assert_eq!(RecordScan::new(&buf, [8u8; 16], Stride::Record).count(), 0);
+        // A record cut by the end of the buffer is not yielded.
+        assert_eq!(
+            RecordScan::new(&buf[..second + 70], uuid, Stride::Probe).count(),
+            1
+        );
     }
 }

@@ -32,8 +32,8 @@
 //! ```
 
 use crate::layout::{
-    DATA_START, MAX_BACKING_BYTES, MAX_BLOB_SECTORS, SECTOR_SIZE, SEGMENT_SIZE_MAX,
-    SEGMENT_SIZE_MIN, SUPERBLOCK_SIZE,
+    MAX_BACKING_BYTES, MAX_BLOB_SECTORS, SECTOR_SIZE, SEGMENT_SIZE_MAX, SEGMENT_SIZE_MIN,
+    SUPERBLOCK_SIZE,
 };
 use crate::le::{get_i32, get_u32, get_u64, put_i32, put_u32, put_u64};
 use crate::{checksum, CodecId, FormatError};
@@ -165,7 +165,7 @@ pub struct Superblock {
 impl Superblock {
     /// Byte offset of a segment in the backing file.
     pub fn segment_offset(&self, segment: u32) -> u64 {
-        DATA_START + u64::from(segment) * u64::from(self.segment_size)
+        crate::layout::segment_offset(u64::from(self.segment_size), segment)
     }
 
     /// The slot this generation is written to.

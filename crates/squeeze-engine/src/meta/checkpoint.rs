@@ -22,7 +22,7 @@ use crate::meta::superblock as sbio;
 use crate::space::{SegState, SegmentId};
 use crate::state::Inner;
 use squeeze_format::checkpoint::{CHECKPOINT_HEADER_SIZE, CHUNK_BYTES};
-use squeeze_format::{checksum, CheckpointHeader, CheckpointRef, CheckpointWriter, DATA_START};
+use squeeze_format::{checksum, CheckpointHeader, CheckpointRef, CheckpointWriter};
 
 /// Bytes of a checkpoint stream holding `chunks` map chunks.
 pub fn stream_len(chunks: u64) -> u64 {
@@ -128,7 +128,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
     for (k, s) in segs.iter().enumerate() {
         let from = k * inner.seg_size as usize;
         let to = (from + inner.seg_size as usize).min(stream.len());
-        let off = DATA_START + u64::from(*s) * inner.seg_size;
+        let off = inner.segment_offset(*s);
         if let Err(e) = inner.storage.write_at(&stream[from..to], off) {
             release(inner, &segs);
             return Err(fail(e.into()));
@@ -186,7 +186,7 @@ fn allocate_segments(inner: &Inner, n: u64, len: u64) -> Result<Vec<SegmentId>> 
                 "no free segment for a checkpoint".into(),
             ));
         };
-        let off = DATA_START + u64::from(s) * inner.seg_size;
+        let off = inner.segment_offset(s);
         if let Err(e) = inner.storage.allocate(off, bytes) {
             for s in &segs {
                 log.table.set(*s, SegState::Free);
@@ -217,7 +217,7 @@ pub(crate) fn release(inner: &Inner, segs: &[SegmentId]) -> u64 {
         if Some(s) == busy {
             continue; // being cleaned: freed by the next checkpoint
         }
-        let off = DATA_START + u64::from(s) * inner.seg_size;
+        let off = inner.segment_offset(s);
         if let Err(e) = inner.storage.punch(off, inner.seg_size) {
             // Nothing refers to the segment, but the file failed in a way
             // nobody planned for.

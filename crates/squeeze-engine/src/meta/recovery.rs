@@ -28,7 +28,7 @@ use crate::state::{head_segment_of, max_segments, segment_of, Inner, LogState, M
 use crate::storage::Storage;
 use squeeze_format::{
     checksum, record::verify_payload, CheckpointReader, FormatError, RecordHeader, RecordKind,
-    Superblock, DATA_START, RECORD_HEADER_SIZE,
+    RecordScan, Stride, Superblock, DATA_START, RECORD_HEADER_SIZE,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -319,26 +319,17 @@ fn scan_forward(
         } else {
             WINDOW as usize
         };
-        let mut off = 0usize;
-        while off < probe_end && off + RECORD_HEADER_SIZE <= buf.len() {
-            if let Ok(h) = RecordHeader::decode(&buf[off..off + RECORD_HEADER_SIZE]) {
-                let len = h.record_len() as usize;
-                let ok = h.uuid == sb.uuid
-                    && h.seq >= min_seq
+        let found = RecordScan::new(&buf, sb.uuid, Stride::Probe)
+            .take_while(|r| r.offset < probe_end)
+            .find(|r| {
+                let h = &r.header;
+                h.seq >= min_seq
                     && h.kind != RecordKind::SegmentHeader
-                    && off + len <= buf.len()
                     && h.lba + u64::from(h.sectors) <= sb.sectors()
-                    && verify_payload(
-                        &h,
-                        &buf[off + RECORD_HEADER_SIZE
-                            ..off + RECORD_HEADER_SIZE + h.stored_len as usize],
-                    )
-                    .is_ok();
-                if ok {
-                    return Ok(Some((start + off as u64, h.seq)));
-                }
-            }
-            off += squeeze_format::RECORD_ALIGN as usize;
+                    && verify_payload(h, r.payload).is_ok()
+            });
+        if let Some(r) = found {
+            return Ok(Some((start + r.offset as u64, r.header.seq)));
         }
         if end == seg_end {
             break;
@@ -359,7 +350,7 @@ pub fn punch_free(inner: &Inner) -> Result<()> {
             .collect()
     };
     for s in free {
-        let off = DATA_START + u64::from(s) * inner.seg_size;
+        let off = inner.segment_offset(s);
         inner.storage.punch(off, inner.seg_size)?;
     }
     Ok(())

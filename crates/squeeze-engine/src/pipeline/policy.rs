@@ -16,7 +16,7 @@
 //! stored raw and counted as rejected.
 
 use squeeze_codec::Algorithm;
-use squeeze_format::{align_record, CompressionMode, Policy, RECORD_ALIGN, RECORD_HEADER_SIZE};
+use squeeze_format::{CompressionMode, Policy, RECORD_ALIGN, RECORD_HEADER_SIZE};
 
 /// What the writer knows about its data.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -77,11 +77,6 @@ pub fn output_limit(p: &Policy, raw_len: usize) -> usize {
     budget.saturating_sub(RECORD_HEADER_SIZE as u64) as usize
 }
 
-/// Bytes a blob stored with `payload_len` bytes occupies.
-pub fn occupied(payload_len: usize) -> u64 {
-    align_record((RECORD_HEADER_SIZE + payload_len) as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,7 +129,7 @@ mod tests {
         let lim = output_limit(&p, 4096);
         // 0.875 * 4096 = 3584 -> at most 3584 bytes occupied, 64 of them header
         assert_eq!(lim, 3520);
-        assert!(occupied(lim) <= 3584);
-        assert!(occupied(lim + 1) > 3584);
+        assert!(squeeze_format::record_bytes(lim as u64) <= 3584);
+        assert!(squeeze_format::record_bytes(lim as u64 + 1) > 3584);
     }
 }

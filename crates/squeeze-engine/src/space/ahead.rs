@@ -50,7 +50,6 @@
 use super::SegmentId;
 use crate::state::{Inner, LogState};
 use parking_lot::{Condvar, Mutex};
-use squeeze_format::layout::DATA_START;
 
 /// Granularity of backing-file allocation inside a log segment.
 pub const ALLOC_STEP: u64 = 1 << 20;
@@ -117,11 +116,11 @@ impl Ahead {
 /// Called by `reserve` with the log lock held, after it placed its records:
 /// posts a request if the head segment has less than half of ALLOC_AHEAD
 /// allocated past the head.
-pub(crate) fn maybe_request(inner: &Inner, log: &mut LogState, seg_start: u64) {
+pub(crate) fn maybe_request(inner: &Inner, log: &mut LogState) {
     if log.ahead_pending || log.ahead_failed == Some(log.head_segment) {
         return;
     }
-    let seg_end = seg_start + inner.seg_size;
+    let seg_end = inner.segment_end(log.head_segment);
     let low = (log.head_offset + ALLOC_AHEAD / 2).min(seg_end);
     if log.allocated_end >= low {
         return;
@@ -196,7 +195,7 @@ pub(crate) fn release(inner: &Inner) -> std::io::Result<u64> {
     }
     // `keep` is a multiple of ALLOC_STEP (so of a write-behind chunk) or the
     // segment's end; only in the first case can there be anything past it.
-    let seg_end = DATA_START + (u64::from(log.head_segment) + 1) * inner.seg_size;
+    let seg_end = inner.segment_end(log.head_segment);
     let keep = (log.head_offset.div_ceil(ALLOC_STEP) * ALLOC_STEP).min(seg_end);
     if log.allocated_end <= keep {
         return Ok(0);

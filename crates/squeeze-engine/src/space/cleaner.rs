@@ -28,18 +28,18 @@
 //! finds no room cleans in the foreground before answering ENOSPC.
 
 use crate::append::Room;
+use crate::counters::Counter;
 use crate::error::EngineError;
 use crate::error::Result;
 use crate::meta::checkpoint;
 use crate::pipeline::compress::Item;
-use crate::pipeline::policy::output_limit;
+use crate::pipeline::compress::{encode, Payload};
+use crate::pipeline::policy::{ActivePolicy, Hint};
+use crate::pipeline::split::Piece;
 use crate::space::{SegState, SegmentId};
 use crate::state::Inner;
-use squeeze_codec::{Algorithm, Job, JobOutput};
-use squeeze_format::{
-    record::verify_payload, CodecId, CompressionMode, RecordHeader, DATA_START, RECORD_HEADER_SIZE,
-    SECTOR_SIZE,
-};
+use squeeze_codec::Algorithm;
+use squeeze_format::{record::verify_payload, CodecId, Policy, RecordScan, Stride, SECTOR_SIZE};
 use std::sync::Arc;
 
 /// Relocated payload bytes per log append (bounds the memory of a pass).
@@ -166,7 +166,7 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
         victims: 1,
         ..Default::default()
     };
-    let seg_off = DATA_START + u64::from(s) * inner.seg_size;
+    let seg_off = inner.segment_offset(s);
     let mut buf = vec![0u8; inner.seg_size as usize];
     {
         let _gate = inner.gate.read();
@@ -186,22 +186,12 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
     let mut items: Vec<Item> = Vec::new();
     let mut pending_bytes = 0usize;
     let mut runs: Vec<Run> = Vec::new();
-    let mut off = 0usize;
-    while off + RECORD_HEADER_SIZE <= buf.len() {
-        let Ok(h) = RecordHeader::decode(&buf[off..off + RECORD_HEADER_SIZE]) else {
-            off += 16; // resynchronise on the record alignment
-            continue;
-        };
-        let len = h.record_len() as usize;
-        if h.uuid != inner.uuid || off + len > buf.len() {
-            off += 16;
-            continue;
-        }
+    for rec in RecordScan::new(&buf, inner.uuid, Stride::Record) {
+        let h = rec.header;
         if !h.kind.has_payload() {
-            off += len;
             continue;
         }
-        let rec_abs = seg_off + off as u64;
+        let rec_abs = seg_off + rec.offset as u64;
         let live: Vec<bool> = {
             let st = inner.state.read();
             (0..u64::from(h.sectors))
@@ -212,18 +202,15 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
                 .collect()
         };
         if !live.contains(&true) {
-            off += len;
             continue;
         }
-        let payload =
-            &buf[off + RECORD_HEADER_SIZE..off + RECORD_HEADER_SIZE + h.stored_len as usize];
+        let payload = rec.payload;
         if let Err(e) = verify_payload(&h, payload) {
             tracing::warn!(
                 "cleaner: record at {rec_abs} for LBA {} left in place: {e}",
                 h.lba
             );
             rep.corrupt_records += 1;
-            off += len;
             continue;
         }
         let recompress_this = recompress.is_some_and(|a| a.codec != h.codec);
@@ -245,7 +232,6 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
             } else if let Err(e) = squeeze_codec::decompress(h.codec, payload, &mut raw) {
                 tracing::warn!("cleaner: record at {rec_abs} does not decompress: {e}");
                 rep.corrupt_records += 1;
-                off += len;
                 continue;
             }
             let raw = Arc::new(raw);
@@ -275,7 +261,6 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
             }
         }
         rep.records_moved += 1;
-        off += len;
         if pending_bytes >= APPEND_BYTES_MAX {
             flush_items(inner, &mut items, &mut runs, recompress, &policy, &mut rep)?;
             pending_bytes = 0;
@@ -285,47 +270,46 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
     Ok(rep)
 }
 
-/// Compresses the pending runs and appends everything pending.
+/// Compresses the pending runs and appends everything pending. The runs go
+/// through the write pipeline's compress stage as the merger's windows do
+/// (one batch, the policy's plan, heuristic and required ratio), with the
+/// recompress algorithm in place of the policy's when one is set.
 fn flush_items(
     inner: &Inner,
     items: &mut Vec<Item>,
     runs: &mut Vec<Run>,
     recompress: Option<Algorithm>,
-    policy: &crate::pipeline::policy::ActivePolicy,
+    policy: &ActivePolicy,
     rep: &mut CleanReport,
 ) -> Result<()> {
     if !runs.is_empty() {
-        let alg = recompress.unwrap_or(policy.algorithm);
-        let compress = alg.codec != CodecId::None && policy.policy.mode != CompressionMode::None;
-        let outputs: Vec<Option<Vec<u8>>> = if compress {
-            let jobs = runs
-                .iter()
-                .map(|r| {
-                    let len = r.raw.len();
-                    Job::new(
-                        r.raw.clone(),
-                        0..len,
-                        output_limit(&policy.policy, len),
-                        policy.policy.mode != CompressionMode::Force,
-                    )
-                })
-                .collect();
-            inner
-                .engine
-                .compress_batch(alg, jobs)
-                .into_iter()
-                .map(|r| match r.output {
-                    JobOutput::Compressed(v) => Some(v),
-                    _ => None,
-                })
-                .collect()
-        } else {
-            runs.iter().map(|_| None).collect()
+        let policy = match recompress {
+            Some(a) => ActivePolicy::new(Policy {
+                codec: a.codec,
+                level: a.level,
+                ..policy.policy
+            }),
+            None => *policy,
         };
-        for (r, out) in runs.drain(..).zip(outputs) {
-            let (codec, payload, recompressed) = match out {
-                Some(v) => (alg.codec, v, recompress.is_some()),
-                None => (CodecId::None, Arc::unwrap_or_clone(r.raw), false),
+        let mut buf = Vec::with_capacity(runs.iter().map(|r| r.raw.len()).sum());
+        let mut pieces = Vec::with_capacity(runs.len());
+        for r in runs.iter() {
+            pieces.push(Piece::Data {
+                lba: r.lba,
+                sectors: r.sectors,
+                start: buf.len(),
+            });
+            buf.extend_from_slice(&r.raw);
+        }
+        let (encoded, cpu_ns) = encode(&*inner.engine, &policy, Hint::None, &buf, None, &pieces);
+        inner.counters.add(Counter::CompressNs, cpu_ns);
+        for (r, it) in runs.drain(..).zip(encoded) {
+            let Item::Blob { payload, .. } = it else {
+                unreachable!("a data piece encodes to a blob");
+            };
+            let (codec, payload, recompressed) = match payload {
+                Payload::Compressed { codec, data, .. } => (codec, data, recompress.is_some()),
+                Payload::Raw { .. } => (CodecId::None, Arc::unwrap_or_clone(r.raw), false),
             };
             rep.recompressed += u64::from(recompressed);
             items.push(Item::Moved {
@@ -343,7 +327,7 @@ fn flush_items(
     }
     rep.bytes_written += items
         .iter()
-        .map(|it| crate::pipeline::policy::occupied(it.payload(&[]).1.len()))
+        .map(|it| squeeze_format::record_bytes(it.payload(&[]).1.len() as u64))
         .sum::<u64>();
     inner.append(items, &[], Room::Cleaner)?;
     items.clear();
