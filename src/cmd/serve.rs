@@ -156,10 +156,20 @@ impl BlockDevice for VolumeDevice {
     fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()> {
         self.vol.trim(offset, len, fua).map_err(io_err)
     }
-    fn write_zeroes(&self, offset: u64, len: u64, _may_trim: bool, fua: bool) -> io::Result<()> {
-        // Zeros are free (DESIGN principle 4): whole zero sectors are always
-        // stored as holes, with or without NO_HOLE; they read back as zeros.
-        self.vol.write_zeroes(offset, len, fua).map_err(io_err)
+    fn write_zeroes(&self, offset: u64, len: u64, may_trim: bool, fua: bool) -> io::Result<()> {
+        if may_trim {
+            // Zeros are free (DESIGN principle 4): whole zero sectors become
+            // holes and read back as zeros.
+            self.vol.write_zeroes(offset, len, fua).map_err(io_err)
+        } else {
+            // NO_HOLE: the range must stay provisioned, which on a
+            // compressing thin volume means mapped to records like written
+            // data (zeros compress to almost nothing); BLOCK_STATUS then
+            // reports it allocated, not a hole.
+            self.vol
+                .write_zeroes_no_hole(offset, len, fua)
+                .map_err(io_err)
+        }
     }
     fn block_status(&self, offset: u64, len: u64) -> io::Result<Vec<(u64, bool)>> {
         self.vol.block_status(offset, len, 4096).map_err(io_err)

@@ -26,8 +26,9 @@ pub struct VolumeStats {
     pub physical_bytes: u64,
     /// Segments allocated in the backing file, in bytes.
     pub allocated_bytes: u64,
-    /// Room client data can still use under --max-physical (or the
-    /// format's limit), net of the segments kept for checkpoints and cleaning.
+    /// Room client data can still use: under --max-physical (or the
+    /// format's limit), net of the segments kept for checkpoints and
+    /// cleaning, and never more than the file system's free space.
     pub free_physical_bytes: u64,
     /// The --max-physical cap (0 = none).
     pub physical_limit_bytes: u64,
@@ -103,7 +104,13 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
     // Room client data can still use: the segments kept for checkpoints,
     // trims and the cleaner are not theirs.
     let kept = checkpoint::segments_needed(inner, 0) + Room::Data.extra_segments();
+    // ... and no more than the device can still take: the file system's
+    // free space (free segments are holes: writing them takes new blocks).
     let free_physical = available.saturating_sub(kept) * inner.seg_size;
+    let free_physical = match inner.storage.free_bytes() {
+        Ok(Some(fs_free)) => free_physical.min(fs_free),
+        _ => free_physical,
+    };
     let space_warning = (limit > 0 && free_physical * 10 < limit).then(|| {
         format!(
             "physical space low: {} MiB of the {} MiB cap left; trim or grow --max-physical",

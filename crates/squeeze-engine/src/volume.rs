@@ -25,6 +25,7 @@ use crate::locks::{RangeLocks, Tickets};
 use crate::map::SectorMap;
 use crate::meta::{checkpoint, recovery, superblock as sbio};
 use crate::pipeline::policy::{ActivePolicy, Hint};
+use crate::pipeline::split::Zeros;
 use crate::space::ahead::ALLOC_STEP;
 use crate::space::cleaner::CleanReport;
 use crate::space::merge::MergeReport;
@@ -342,7 +343,8 @@ impl Volume {
     /// Writes with a compressibility hint (the embedding API's way to
     /// drive passive and aggressive modes).
     pub fn write_hinted(&self, offset: u64, data: &[u8], fua: bool, hint: Hint) -> Result<()> {
-        self.inner.write_from(offset, data, None, fua, hint)
+        self.inner
+            .write_from(offset, data, None, fua, hint, Zeros::Hole)
     }
 
     /// Writes the bytes `range` of a shared buffer at byte `offset`, as
@@ -362,8 +364,14 @@ impl Volume {
                 data.len()
             )));
         };
-        self.inner
-            .write_from(offset, buf, Some((data, range.start)), fua, Hint::None)
+        self.inner.write_from(
+            offset,
+            buf,
+            Some((data, range.start)),
+            fua,
+            Hint::None,
+            Zeros::Hole,
+        )
     }
 
     /// Trims `[offset, offset+len)`: whole sectors inside it are unmapped
@@ -375,6 +383,13 @@ impl Volume {
     /// Writes zeros over `[offset, offset+len)`; whole sectors become holes.
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
         self.inner.zero_range(offset, len, fua)
+    }
+
+    /// Writes zeros over `[offset, offset+len)` that stay provisioned: stored
+    /// as (compressed) data rather than holes, so [`Volume::block_status`]
+    /// reports the range allocated (NBD's WRITE_ZEROES with NO_HOLE).
+    pub fn write_zeroes_no_hole(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        self.inner.provision_zeroes(offset, len, fua)
     }
 
     /// Makes every write acknowledged before this call durable.

@@ -7,7 +7,7 @@ use crate::counters::Counter;
 use crate::error::Result;
 use crate::pipeline::compress::{encode, Item};
 use crate::pipeline::policy::Hint;
-use crate::pipeline::split::split;
+use crate::pipeline::split::{split, Zeros};
 use crate::space::cleaner::append_making_room;
 use crate::state::Inner;
 use squeeze_format::SECTOR_SIZE;
@@ -26,6 +26,7 @@ impl Inner {
         shared: Option<(&Arc<Vec<u8>>, usize)>,
         fua: bool,
         hint: Hint,
+        zeros: Zeros,
     ) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
         self.writable()?;
@@ -36,7 +37,7 @@ impl Inner {
         let last = (offset + data.len() as u64).div_ceil(SECTOR);
         let _range = self.ranges.lock(first, last);
         if offset.is_multiple_of(SECTOR) && data.len().is_multiple_of(SECTOR_SIZE) {
-            self.write_sectors(first, data, shared, hint)?;
+            self.write_sectors(first, data, shared, hint, zeros)?;
         } else {
             // Read-modify-write of the partial head and tail sectors.
             let mut tmp = vec![0u8; ((last - first) * SECTOR) as usize];
@@ -52,7 +53,7 @@ impl Inner {
             }
             let skip = (offset - first * SECTOR) as usize;
             tmp[skip..skip + data.len()].copy_from_slice(data);
-            self.write_sectors(first, &tmp, None, hint)?;
+            self.write_sectors(first, &tmp, None, hint, zeros)?;
         }
         self.counters.add(Counter::BytesWritten, data.len() as u64);
         if fua {
@@ -68,6 +69,7 @@ impl Inner {
         data: &[u8],
         shared: Option<(&Arc<Vec<u8>>, usize)>,
         hint: Hint,
+        zeros: Zeros,
     ) -> Result<()> {
         let policy = *self.policy.read();
         let max_blob = policy.max_blob_sectors();
@@ -75,7 +77,7 @@ impl Inner {
             BATCH_BYTES_MAX / policy.policy.max_blob as usize * policy.policy.max_blob as usize;
         for (k, chunk) in data.chunks(batch).enumerate() {
             let at = lba + (k * batch / SECTOR_SIZE) as u64;
-            let pieces = split(chunk, at, max_blob);
+            let pieces = split(chunk, at, max_blob, zeros);
             let zero_sectors: u64 = pieces
                 .iter()
                 .map(|p| match p {
@@ -100,15 +102,29 @@ impl Inner {
         let last_full = end / SECTOR;
         // Partial sectors at either edge: write zeros through the data path.
         if first_full > last_full {
-            return self.write_from(offset, &vec![0u8; len as usize], None, fua, Hint::None);
+            return self.write_from(
+                offset,
+                &vec![0u8; len as usize],
+                None,
+                fua,
+                Hint::None,
+                Zeros::Hole,
+            );
         }
         if offset < first_full * SECTOR {
             let n = (first_full * SECTOR - offset) as usize;
-            self.write_from(offset, &vec![0u8; n], None, false, Hint::None)?;
+            self.write_from(offset, &vec![0u8; n], None, false, Hint::None, Zeros::Hole)?;
         }
         if end > last_full * SECTOR {
             let n = (end - last_full * SECTOR) as usize;
-            self.write_from(last_full * SECTOR, &vec![0u8; n], None, false, Hint::None)?;
+            self.write_from(
+                last_full * SECTOR,
+                &vec![0u8; n],
+                None,
+                false,
+                Hint::None,
+                Zeros::Hole,
+            )?;
         }
         if last_full > first_full {
             let _range = self.ranges.lock(first_full, last_full);
@@ -122,6 +138,29 @@ impl Inner {
             append_making_room(self, &items, &[], Room::Reserve)?;
             self.counters
                 .add(Counter::SectorsTrimmed, last_full - first_full);
+        }
+        if fua {
+            self.client_flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes zeros over `[offset, offset+len)` as stored data, not holes
+    /// (NBD_CMD_FLAG_NO_HOLE): the range stays mapped, so block status
+    /// reports it allocated. Zeros compress to almost nothing with any
+    /// codec; with mode none they cost their full size.
+    pub(crate) fn provision_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        static ZEROS: [u8; BATCH_BYTES_MAX] = [0; BATCH_BYTES_MAX];
+        self.check_range(offset, len)?;
+        self.writable()?;
+        let end = offset + len;
+        let mut at = offset;
+        while at < end {
+            // Batches end on multiples of the batch size (whole sectors).
+            let next = ((at / BATCH_BYTES_MAX as u64 + 1) * BATCH_BYTES_MAX as u64).min(end);
+            let n = (next - at) as usize;
+            self.write_from(at, &ZEROS[..n], None, false, Hint::None, Zeros::Store)?;
+            at = next;
         }
         if fua {
             self.client_flush()?;

@@ -197,3 +197,29 @@ fn concurrent_appends_reads_and_syncs() {
         }
     }
 }
+
+/// `stats` counts as free only what can really be written: never more than
+/// the file system holding the volume has free (it said 16 TiB, the
+/// format's limit, on a disk with 77 GB free).
+#[test]
+fn free_physical_is_bounded_by_the_file_system() {
+    use squeeze_engine::{CreateOptions, OpenOptions, Volume};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.sqz");
+    let s = Arc::new(FileStorage::create(&path).unwrap());
+    let v = Volume::create_with(s, &CreateOptions::new(1 << 40), OpenOptions::default()).unwrap();
+    let st = v.stats();
+    // SAFETY: statvfs of a path we made, into a zeroed struct.
+    let mut fs: libc::statvfs = unsafe { std::mem::zeroed() };
+    let c = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut fs) }, 0);
+    let avail = fs.f_bavail as u64 * fs.f_frsize as u64;
+    assert!(st.free_physical_bytes > 0, "{st:?}");
+    // Allow for blocks the file system handed out between the two looks.
+    assert!(
+        st.free_physical_bytes <= avail + (64 << 20),
+        "free {} > file system's {avail}",
+        st.free_physical_bytes
+    );
+    v.close().unwrap();
+}

@@ -249,3 +249,48 @@ fn a_volume_file_is_opened_by_one_writer_at_a_time() {
     let ro = FileStorage::open_read_only(&path).unwrap();
     ro.lock_shared().unwrap();
 }
+
+/// WRITE_ZEROES with NO_HOLE (issue 13): the zeros are stored as data, so
+/// the range stays mapped and block status reports it allocated, not a
+/// hole; without the flag, zeros are holes. Both read back as zeros, and
+/// provisioned zeros cost almost nothing once compressed.
+#[test]
+fn zeroes_without_holes_stay_provisioned() {
+    let (s, v) = sim_volume(64 << 20, None);
+    v.write(0, &vec![7u8; 1 << 20], false).unwrap();
+    // Unaligned edges, more than one 4 MiB batch.
+    let (off, len) = (4096 + 100, (9 << 20) + 5000);
+    v.write_zeroes_no_hole(off, len, false).unwrap();
+    let runs = v.block_status(0, 16 << 20, 100).unwrap();
+    let end = off + len;
+    let allocated_to = end.div_ceil(4096) * 4096;
+    assert_eq!(
+        runs[0],
+        (allocated_to, false),
+        "everything up to the end of the zeroes is allocated: {runs:?}"
+    );
+    let mut b = vec![1u8; len as usize];
+    v.read(off, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    let mut head = vec![0u8; 100];
+    v.read(4096, &mut head).unwrap();
+    assert_eq!(
+        head,
+        vec![7u8; 100],
+        "the partial head sector keeps its data"
+    );
+    let st = v.stats();
+    assert!(
+        st.stored_bytes < (1 << 20) + (64 << 10),
+        "provisioned zeros compress: {} stored",
+        st.stored_bytes
+    );
+    // Without NO_HOLE the same range becomes holes again.
+    v.write_zeroes(8192, 1 << 20, false).unwrap();
+    let runs = v.block_status(8192, 1 << 20, 10).unwrap();
+    assert_eq!(runs, vec![(1 << 20, true)]);
+    v.close().unwrap();
+    let v = reopen(&s);
+    let runs = v.block_status((2 << 20), 1 << 20, 10).unwrap();
+    assert_eq!(runs, vec![(1 << 20, false)], "provisioned after a reopen");
+}

@@ -1,6 +1,8 @@
 //! Stage 1 of the write path: cut a sector-aligned buffer into runs of
 //! all-zero sectors (they become Zero records: no space, no codec time) and
-//! blobs of at most `max_blob_sectors` non-zero sectors.
+//! blobs of at most `max_blob_sectors` non-zero sectors. With
+//! [`Zeros::Store`] (a write-zeroes with NBD_CMD_FLAG_NO_HOLE) zero sectors
+//! are blobs like any other, so the range stays mapped (provisioned).
 
 use squeeze_format::SECTOR_SIZE;
 
@@ -16,11 +18,23 @@ pub enum Piece {
     },
 }
 
+/// What all-zero sectors of a write become.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Zeros {
+    /// Holes: unmapped, no space, no codec time.
+    #[default]
+    Hole,
+    /// Stored as data (compressed like any blob): the sectors stay mapped,
+    /// which is what "provisioned" means on a compressing thin volume.
+    Store,
+}
+
 /// Splits `buf` (whole sectors starting at `lba`).
-pub fn split(buf: &[u8], lba: u64, max_blob_sectors: u32) -> Vec<Piece> {
+pub fn split(buf: &[u8], lba: u64, max_blob_sectors: u32, zeros: Zeros) -> Vec<Piece> {
     assert!(buf.len().is_multiple_of(SECTOR_SIZE) && max_blob_sectors >= 1);
     let n = buf.len() / SECTOR_SIZE;
     let mut pieces = Vec::new();
+    let sector_is_zero = |s: &[u8]| zeros == Zeros::Hole && sector_is_zero(s);
     let mut i = 0;
     while i < n {
         let zero = sector_is_zero(&buf[i * SECTOR_SIZE..(i + 1) * SECTOR_SIZE]);
@@ -78,7 +92,7 @@ mod tests {
         for s in [2usize, 3, 4, 5, 6, 9] {
             buf[s * SECTOR_SIZE + 100] = 1;
         }
-        let p = split(&buf, 100, 3);
+        let p = split(&buf, 100, 3, Zeros::Hole);
         assert_eq!(
             p,
             vec![

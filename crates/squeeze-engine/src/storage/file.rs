@@ -493,4 +493,14 @@ impl Storage for FileStorage {
     fn physical_bytes(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.blocks() * 512)
     }
+
+    fn free_bytes(&self) -> io::Result<Option<u64>> {
+        // SAFETY: fstatvfs fills the struct for an fd we own.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::fstatvfs(self.file.as_raw_fd(), &mut st) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Some(st.f_bavail as u64 * st.f_frsize as u64))
+    }
 }

@@ -43,4 +43,9 @@ pub trait Storage: Send + Sync {
     fn punch(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Bytes the store occupies on its device (what `du` counts).
     fn physical_bytes(&self) -> io::Result<u64>;
+    /// Bytes the store could still grow by on its device (the file system's
+    /// free space, as `df` shows to an unprivileged writer), if known.
+    fn free_bytes(&self) -> io::Result<Option<u64>> {
+        Ok(None)
+    }
 }

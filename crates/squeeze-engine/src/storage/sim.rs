@@ -344,4 +344,10 @@ impl Storage for SimStorage {
             .count() as u64
             * PAGE)
     }
+
+    /// The room left under `capacity`, when the disk has one.
+    fn free_bytes(&self) -> io::Result<Option<u64>> {
+        let g = self.inner.lock();
+        Ok(g.faults.capacity.map(|c| c.saturating_sub(g.allocated_end)))
+    }
 }
