@@ -291,6 +291,6 @@ fn zeroes_without_holes_stay_provisioned() {
     assert_eq!(runs, vec![(1 << 20, true)]);
     v.close().unwrap();
     let v = reopen(&s);
-    let runs = v.block_status((2 << 20), 1 << 20, 10).unwrap();
+    let runs = v.block_status(2 << 20, 1 << 20, 10).unwrap();
     assert_eq!(runs, vec![(1 << 20, false)], "provisioned after a reopen");
 }
