@@ -109,33 +109,45 @@ fn decode_extent(inner: &Inner, e: MapEntry, lba: u64, rec: &[u8], out: &mut [u8
 }
 
 impl Inner {
-    /// Reads `buf.len()` bytes at byte `offset`.
-    pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+    /// Reads `buf.len()` bytes at byte `offset`. Returns true when every
+    /// sector of the range is a hole (a structured NBD READ then answers
+    /// OFFSET_HOLE), from the same map walk as the read.
+    pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
         self.check_range(offset, buf.len() as u64)?;
         if buf.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let first = offset / SECTOR;
         let last = (offset + buf.len() as u64).div_ceil(SECTOR);
-        if offset.is_multiple_of(SECTOR) && buf.len().is_multiple_of(SECTOR_SIZE) {
-            self.read_sectors(first, buf)?;
+        let all_hole = if offset.is_multiple_of(SECTOR) && buf.len().is_multiple_of(SECTOR_SIZE) {
+            self.read_sectors_mapped(first, buf)?
         } else {
             let mut tmp = vec![0u8; ((last - first) * SECTOR) as usize];
-            self.read_sectors(first, &mut tmp)?;
+            let all_hole = self.read_sectors_mapped(first, &mut tmp)?;
             let skip = (offset - first * SECTOR) as usize;
             buf.copy_from_slice(&tmp[skip..skip + buf.len()]);
-        }
+            all_hole
+        };
         self.counters.add(Counter::BytesRead, buf.len() as u64);
-        Ok(())
+        Ok(all_hole)
     }
 
     /// Reads whole sectors from `lba` into `out` (holes read as zeros).
     pub(crate) fn read_sectors(&self, lba: u64, out: &mut [u8]) -> Result<()> {
+        self.read_sectors_mapped(lba, out).map(|_| ())
+    }
+
+    /// `read_sectors`, telling whether every sector was a hole.
+    fn read_sectors_mapped(&self, lba: u64, out: &mut [u8]) -> Result<bool> {
         let inner = self;
         let n = out.len() / SECTOR_SIZE;
         let _gate = inner.gate.read();
         let mut entries = vec![MapEntry::UNMAPPED; n];
         inner.state.read().map.get_range(lba, &mut entries);
+        if entries.iter().all(|e| !e.is_mapped()) {
+            out.fill(0);
+            return Ok(true);
+        }
         // Runs of sectors i..j that come from consecutive indices of one record.
         let mut runs: Vec<(usize, usize, MapEntry)> = Vec::new();
         let mut i = 0;
@@ -210,7 +222,7 @@ impl Inner {
             }
             g = h;
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Allocation status of `[offset, offset+len)`: runs of (length, hole).

@@ -332,6 +332,13 @@ impl Volume {
 
     /// Reads `buf.len()` bytes at byte `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.inner.read(offset, buf).map(|_| ())
+    }
+
+    /// [`Volume::read`], also telling whether the whole range is a hole
+    /// (unmapped: never written, trimmed or zeroed), from the one map walk
+    /// the read makes.
+    pub fn read_or_hole(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
         self.inner.read(offset, buf)
     }
 

@@ -294,3 +294,22 @@ fn zeroes_without_holes_stay_provisioned() {
     let runs = v.block_status(2 << 20, 1 << 20, 10).unwrap();
     assert_eq!(runs, vec![(1 << 20, false)], "provisioned after a reopen");
 }
+
+/// One map walk answers both the read and "is it all a hole" (a structured
+/// NBD READ of a hole is answered with OFFSET_HOLE).
+#[test]
+fn read_or_hole_tells_holes_from_data() {
+    let (_s, v) = sim_volume(16 << 20, None);
+    v.write(8192, &[3u8; 4096], false).unwrap();
+    let mut b = vec![9u8; 8192];
+    assert!(
+        v.read_or_hole(0, &mut b).unwrap(),
+        "two never-written sectors"
+    );
+    assert!(b.iter().all(|&x| x == 0));
+    let mut b = vec![9u8; 3 * 4096];
+    assert!(!v.read_or_hole(100, &mut b).unwrap(), "reaches the data");
+    assert_eq!(&b[8192 - 100..8192 - 100 + 4096], &[3u8; 4096][..]);
+    v.trim(8192, 4096, false).unwrap();
+    assert!(v.read_or_hole(4096, &mut b).unwrap(), "trimmed");
+}
