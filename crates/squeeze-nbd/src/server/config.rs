@@ -28,10 +28,12 @@ pub struct ServerConfig {
     /// device, and on 2 cores 4 of them read fio's W1 from the device at
     /// 788 MB/s where 8 reached 900-1026.
     pub workers: usize,
-    /// Of those, WRITE requests executed at once. Default two per core, at
-    /// least 4: writes are CPU-bound, and on 2 cores 4 wrote fio's W1 at
-    /// 1168-1298 MB/s where 8 managed 920-1211.
-    pub write_workers: usize,
+    /// Of those, WRITE requests executed at once (the queue's write
+    /// slots), overriding what the devices declare. `None` (the default):
+    /// the smallest `BlockDevice::max_concurrent_writes` of the exports
+    /// (the slots are shared by the whole server), at most `workers`; for
+    /// devices that declare nothing, every worker may write.
+    pub write_workers: Option<usize>,
     /// Per connection: READ/WRITE payload bytes dispatched and unanswered.
     pub in_flight_bytes_max: u64,
     /// Per connection: requests dispatched and unanswered.
@@ -65,7 +67,7 @@ impl Default for ServerConfig {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         ServerConfig {
             workers: (cores * 8).clamp(16, 256),
-            write_workers: (cores * 2).clamp(4, 64),
+            write_workers: None,
             in_flight_bytes_max: IN_FLIGHT_BYTES_MAX_DEFAULT,
             in_flight_requests_max: 512,
             connections_max: 256,
@@ -76,5 +78,21 @@ impl Default for ServerConfig {
             allowed_exports: None,
             allowed_peers: None,
         }
+    }
+}
+
+impl ServerConfig {
+    /// WRITE requests run at once over `exports`: `write_workers` if set,
+    /// else the smallest number any export's device declares; at least
+    /// one, at most `workers`.
+    pub(crate) fn write_slots(&self, exports: &[Export]) -> usize {
+        let wanted = self.write_workers.unwrap_or_else(|| {
+            exports
+                .iter()
+                .map(|e| e.device.max_concurrent_writes())
+                .min()
+                .unwrap_or(usize::MAX)
+        });
+        wanted.clamp(1, self.workers.max(1))
     }
 }

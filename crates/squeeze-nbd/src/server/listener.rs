@@ -7,7 +7,8 @@
 //! each accepted connection gets one thread, which negotiates
 //! (`connection::negotiate`) and then reads requests
 //! (`transmission::serve`). `Server::with_config` starts the workers,
-//! shared by every connection, and sizes their write slots.
+//! shared by every connection, and sizes their write slots
+//! (`ServerConfig::write_slots`).
 //!
 //! Limits: at most `connections_max` connections; more are closed on
 //! accept.
@@ -206,7 +207,7 @@ impl Server {
             }
         }
         if config.workers == 0
-            || config.write_workers == 0
+            || config.write_workers == Some(0)
             || config.in_flight_requests_max == 0
             || config.connections_max == 0
         {
@@ -234,7 +235,7 @@ impl Server {
         if !visible.contains(&true) {
             return Err(ServerError::Config("the export allow-list is empty"));
         }
-        let jobs = Arc::new(JobQueue::<Job>::new(config.write_workers));
+        let jobs = Arc::new(JobQueue::<Job>::new(config.write_slots(&exports)));
         transmission::spawn_workers(&jobs, config.workers)?;
         let (wake_tx, wake_rx) = UnixStream::pair()?;
         wake_rx.set_nonblocking(true)?;
@@ -259,6 +260,13 @@ impl Server {
     /// The exports, in the order given.
     pub fn exports(&self) -> &[Export] {
         &self.inner.shared.exports
+    }
+
+    /// WRITE requests run at once over all connections: the queue's
+    /// write slots (`ServerConfig::write_workers`, else what the exports'
+    /// devices declare in `BlockDevice::max_concurrent_writes`).
+    pub fn write_slots(&self) -> usize {
+        self.inner.jobs.write_slots()
     }
 
     /// A snapshot of the counters; callable while serving.

@@ -16,8 +16,10 @@ use parking_lot::{Condvar, Mutex};
 /// dispatches), and idle workers sleep on a condition variable at once
 /// rather than spinning, which on a small machine would take CPU from the
 /// engine's compression. At most `write_slots` WRITE requests run at once
-/// (they are CPU-bound); a worker skips queued writes while they are all
-/// taken and runs the first other request, so reads keep the device busy.
+/// (CPU-bound in a compressing device, which says how many it wants in
+/// `BlockDevice::max_concurrent_writes`); a worker skips queued writes
+/// while the slots are all taken and runs the first other request, so
+/// reads keep the device busy.
 pub(crate) struct JobQueue<J> {
     state: Mutex<QueueState<J>>,
     ready: Condvar,
@@ -46,6 +48,11 @@ impl<J: Queued> JobQueue<J> {
             ready: Condvar::new(),
             write_slots: write_slots.max(1),
         }
+    }
+
+    /// Writes that may run at once.
+    pub(crate) fn write_slots(&self) -> usize {
+        self.write_slots
     }
 
     /// Queues a job; gives it back if the queue is closed.

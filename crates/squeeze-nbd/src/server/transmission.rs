@@ -37,8 +37,8 @@ pub(crate) struct Job {
 }
 
 impl Queued for Job {
-    /// A WRITE: CPU-bound in a compressing device, limited by
-    /// `ServerConfig::write_workers`.
+    /// A WRITE: CPU-bound in a compressing device, limited by the
+    /// queue's write slots (`BlockDevice::max_concurrent_writes`).
     fn is_write(&self) -> bool {
         matches!(self.command, Command::Write { .. })
     }
