@@ -18,7 +18,8 @@
 //! - `request`: request parsing, validation and errno mapping;
 //! - `reply`: simple and structured reply encoding;
 //! - `device`: the `BlockDevice` trait and the sparse `MemDevice`;
-//! - `proto`: wire constants; `stats`: counters.
+//! - `proto`: wire constants; `stats`: counters; `printable`: client
+//!   strings made safe (cut, escaped) for log lines.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -37,6 +38,7 @@
 pub mod access;
 pub mod device;
 pub mod handshake;
+mod printable;
 pub mod proto;
 mod reply;
 pub mod request;
