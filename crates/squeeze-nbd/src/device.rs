@@ -61,6 +61,15 @@ pub trait BlockDevice: Send + Sync {
     fn preferred_block_size(&self) -> u32 {
         4096
     }
+    /// WRITE requests this device wants run at once. A device whose
+    /// writes burn CPU (compression) declares about what the cores can
+    /// keep busy; the default, `usize::MAX`, means no limit beyond the
+    /// server's worker count. The server's write slots are shared by all
+    /// its exports: it uses the smallest value they declare, unless
+    /// `ServerConfig::write_workers` overrides it.
+    fn max_concurrent_writes(&self) -> usize {
+        usize::MAX
+    }
 }
 
 /// Page size of `MemDevice`: the granularity of its allocation and holes.

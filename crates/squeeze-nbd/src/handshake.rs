@@ -23,6 +23,7 @@
 
 use std::io::{self, Read, Write};
 
+use crate::printable;
 use crate::proto::*;
 use crate::server::Export;
 use crate::tls::TlsMode;
@@ -290,8 +291,8 @@ pub(crate) fn options<R: Read, W: Write>(
                 let Some(i) = find_export(policy, &data) else {
                     // The protocol has no error reply here: close.
                     return Err(HandshakeError::Protocol(format!(
-                        "NBD_OPT_EXPORT_NAME for unknown export {:?}",
-                        String::from_utf8_lossy(&data)
+                        "NBD_OPT_EXPORT_NAME for unknown export {}",
+                        printable::quote(&data)
                     )));
                 };
                 let e = &exports[i];
@@ -366,6 +367,7 @@ pub(crate) fn options<R: Read, W: Write>(
                     continue;
                 };
                 let Some(i) = find_export(policy, name) else {
+                    tracing::debug!(opt, name = %printable::quote(name), "unknown export");
                     opt_error(w, opt, REP_ERR_UNKNOWN, "no such export")?;
                     w.flush()?;
                     continue;
@@ -474,6 +476,37 @@ mod tests {
         );
         meta.push(0);
         assert_eq!(parse_meta(&meta), None);
+    }
+
+    /// A client's export name reaches the log (through the error) cut and
+    /// escaped: a 5,000-byte name with a newline and an escape sequence
+    /// in it makes one short line.
+    #[test]
+    fn an_unknown_export_name_is_cut_and_escaped_in_the_error() {
+        use crate::device::MemDevice;
+        use std::sync::Arc;
+        let exports = vec![Export {
+            name: "a".into(),
+            description: String::new(),
+            device: Arc::new(MemDevice::new(4096)),
+        }];
+        let mut name = b"x\n2026-01-01T00:00:00Z WARN forged\x1b[2J".to_vec();
+        name.resize(5000, b'A');
+        let mut input = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        input.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        input.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
+        input.extend_from_slice(&(name.len() as u32).to_be_bytes());
+        input.extend_from_slice(&name);
+        let err = negotiate(&mut &input[..], &mut Vec::new(), &exports)
+            .unwrap_err()
+            .to_string();
+        assert!(err.len() < 300, "{} bytes: {err}", err.len());
+        assert!(err.ends_with("... (5000 bytes)"), "{err}");
+        assert!(
+            err.contains("x\\n2026") && err.contains("\\u{1b}[2J"),
+            "{err}"
+        );
+        assert!(!err.chars().any(char::is_control), "{err:?}");
     }
 
     /// Random and mutated option streams never panic the handshake and

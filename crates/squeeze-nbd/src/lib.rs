@@ -5,8 +5,11 @@
 //! the squeeze volume). It knows nothing of compression (STYLE habit 9).
 //!
 //! Modules, in the order a connection meets them:
-//! - `server`: listeners (TCP, Unix), one reader thread per connection, a
-//!   shared worker pool, in-flight limits, shutdown;
+//! - `server`: `listener.rs` (TCP and Unix listeners, the accept loop,
+//!   one thread per connection, shutdown), `connection.rs` (handshake,
+//!   TLS switch, reply writer, in-flight budget), `transmission.rs`
+//!   (requests read, dispatched to a shared worker pool, answered),
+//!   `queue.rs` (the workers' queue and its write slots);
 //! - `access`: the client address allow-list (CIDR), checked on accept;
 //! - `handshake`: the fixed newstyle option phase (TLS rules, the export
 //!   allow-list);
@@ -15,7 +18,8 @@
 //! - `request`: request parsing, validation and errno mapping;
 //! - `reply`: simple and structured reply encoding;
 //! - `device`: the `BlockDevice` trait and the sparse `MemDevice`;
-//! - `proto`: wire constants; `stats`: counters.
+//! - `proto`: wire constants; `stats`: counters; `printable`: client
+//!   strings made safe (cut, escaped) for log lines.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -34,6 +38,7 @@
 pub mod access;
 pub mod device;
 pub mod handshake;
+mod printable;
 pub mod proto;
 mod reply;
 pub mod request;

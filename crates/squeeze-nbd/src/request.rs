@@ -122,8 +122,12 @@ fn reject(errno: u32, why: &'static str) -> Rejection {
     Rejection { errno, why }
 }
 
-/// Validate `h` against `ctx`. The order of checks follows nbdkit's
-/// `validate_request`: command, flags, range, length, capability.
+/// Validate `h` against `ctx`. The order of checks is nbdkit's
+/// `validate_request` (command, flags, range, capability) but for the
+/// length, checked before the range: a READ or WRITE over the advertised
+/// maximum block size is EINVAL wherever it points, as the NBD spec's
+/// block size constraints ask (a WRITE past the end of the export is
+/// otherwise ENOSPC).
 pub(crate) fn validate(h: &RequestHeader, ctx: &RequestContext) -> Result<Command, Rejection> {
     let allowed_flags = match h.cmd {
         CMD_READ => {
@@ -159,6 +163,9 @@ pub(crate) fn validate(h: &RequestHeader, ctx: &RequestContext) -> Result<Comman
     if len == 0 {
         return Err(reject(EINVAL, "zero length"));
     }
+    if (h.cmd == CMD_READ || h.cmd == CMD_WRITE) && h.length > BLOCK_SIZE_MAX {
+        return Err(reject(EINVAL, "length over the maximum block size"));
+    }
     let in_range = h.offset.checked_add(len).is_some_and(|end| end <= ctx.size);
     if !in_range {
         return Err(if is_write {
@@ -166,9 +173,6 @@ pub(crate) fn validate(h: &RequestHeader, ctx: &RequestContext) -> Result<Comman
         } else {
             reject(EINVAL, "offset and length out of range")
         });
-    }
-    if (h.cmd == CMD_READ || h.cmd == CMD_WRITE) && h.length > BLOCK_SIZE_MAX {
-        return Err(reject(EINVAL, "length over the maximum block size"));
     }
     if ctx.read_only && matches!(h.cmd, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES) {
         return Err(reject(EPERM, "export is read-only"));
@@ -280,6 +284,13 @@ mod tests {
         );
         assert_eq!(
             validate(&h(CMD_TRIM, 0, 0, 0), &c).unwrap_err().errno,
+            EINVAL
+        );
+        // Over the maximum block size is EINVAL, even past the end.
+        assert_eq!(
+            validate(&h(CMD_WRITE, 0, 0, BLOCK_SIZE_MAX + 1), &c)
+                .unwrap_err()
+                .errno,
             EINVAL
         );
         let big = RequestContext { size: 1 << 40, ..c };
