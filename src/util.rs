@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use squeeze_engine::{FileStorage, OpenOptions, Volume};
+use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -55,6 +56,9 @@ fn stdout_failed(e: &std::io::Error) -> ! {
     std::process::exit(1);
 }
 
+/// The log goes to stderr: coloured on a terminal (unless NO_COLOR is set),
+/// plain text otherwise (a log file, a pipe, journald), so a log file holds
+/// no ANSI escape codes.
 pub fn init_logging(verbose: u8) {
     let level = match verbose {
         0 => "warn",
@@ -67,6 +71,10 @@ pub fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(
+            std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .init();
 }
 
