@@ -174,7 +174,13 @@ fn fault_then(op: Op, fault: Fault, seed: u64) {
 #[test]
 fn an_allocation_error_turns_every_writer_read_only() {
     for (k, errno) in ERRNOS.into_iter().enumerate() {
-        for op in [Op::Write, Op::Trim, Op::WriteZeroes, Op::Cleaner, Op::Merger] {
+        for op in [
+            Op::Write,
+            Op::Trim,
+            Op::WriteZeroes,
+            Op::Cleaner,
+            Op::Merger,
+        ] {
             fault_then(op, Fault::Allocate(errno), 100 + k as u64);
         }
     }
