@@ -2,8 +2,9 @@
 //! `cmd/<name>.rs`; `serve` holds the one adapter between the NBD layer and
 //! the engine (STYLE habit 9).
 
-mod cmd;
+#[macro_use]
 mod util;
+mod cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -3,9 +3,62 @@
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use squeeze_engine::{FileStorage, OpenOptions, Volume};
+use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::Arc;
 
+/// `println!` for a command's output. A reader that has gone (`squeeze
+/// stats vol | head`) ends the process as it ends `cat`: killed by SIGPIPE
+/// (status 141 in a shell), without a message; any other write error
+/// (a full disk) is one error line and status 1. Commands print only once
+/// their work is done, their volumes closed (or opened read-only) and
+/// their temporary files removed, so ending here loses nothing but the
+/// rest of the output. `serve` logs to stderr and prints nothing here.
+macro_rules! outln {
+    () => {
+        $crate::util::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::util::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `eprintln!` for a long-running command (`serve`): a stderr that cannot
+/// be written (`squeeze serve 2>&1 | head`, once head has exited) loses
+/// the line instead of panicking the thread that printed it.
+macro_rules! noteln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// Writes to stdout; see `outln!`.
+pub fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.flush()) {
+        stdout_failed(&e)
+    }
+}
+
+fn stdout_failed(e: &std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        // SAFETY: restores SIGPIPE's default action (the Rust runtime
+        // ignores it) and raises it in this thread, which ends the process.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::raise(libc::SIGPIPE);
+        }
+        std::process::exit(141);
+    }
+    eprintln!("squeeze: error: writing to stdout: {e}");
+    std::process::exit(1);
+}
+
+/// The log goes to stderr: coloured on a terminal (unless NO_COLOR is set),
+/// plain text otherwise (a log file, a pipe, journald), so a log file holds
+/// no ANSI escape codes.
 pub fn init_logging(verbose: u8) {
     let level = match verbose {
         0 => "warn",
@@ -18,6 +71,10 @@ pub fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(
+            std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .init();
 }
 

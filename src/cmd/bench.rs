@@ -476,6 +476,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     let z_secs = t0.elapsed().as_secs_f64();
     vol.close()?;
+    // The volume files go before anything is printed (a closed stdout
+    // ends the process at the first line: see `outln!`).
+    drop(tmp);
 
     let gib = data.len() as f64 / (1u64 << 30) as f64;
     let raw_c = if raw_c_secs > 0.0 {
@@ -529,11 +532,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
         blobs_skipped: st.blobs_skipped,
     };
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        outln!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        println!("machine          {}", r.machine);
-        println!("data             {} of {}", human(r.bytes), r.data);
-        println!(
+        outln!("machine          {}", r.machine);
+        outln!("data             {} of {}", human(r.bytes), r.data);
+        outln!(
             "policy           {} {} max_blob {}, {} threads, {} writers; speeds are medians of {} runs",
             r.algorithm,
             r.mode,
@@ -542,7 +545,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             r.writers,
             r.reps
         );
-        println!(
+        outln!(
             "engine write     {:>8.1} MB/s  ({}), backing file {:.1} MB/s, CPU {:.0}%, {:.2} CPU s/GiB",
             r.write_mbps,
             of_raw(r.write_vs_raw, "compress"),
@@ -550,28 +553,28 @@ pub fn run(a: Args) -> Result<ExitCode> {
             100.0 * r.cpu_utilization_write,
             r.cpu_seconds_per_gib_write
         );
-        println!(
+        outln!(
             "  with the flush {:>8.1} MB/s  (the final fdatasync of the backing file included)",
             r.write_durable_mbps
         );
         if r.cold_write_mbps > 0.0 {
-            println!(
+            outln!(
                 "  cold           {:>8.1} MB/s  (the untimed warm-up pass: first touch of fresh memory and page cache)",
                 r.cold_write_mbps
             );
         }
-        println!(
+        outln!(
             "engine read      {:>8.1} MB/s  ({}), CPU {:.0}%, {:.2} CPU s/GiB",
             r.read_mbps,
             of_raw(r.read_vs_raw, "decompress"),
             100.0 * r.cpu_utilization_read,
             r.cpu_seconds_per_gib_read
         );
-        println!(
+        outln!(
             "  cold           {:>8.1} MB/s  (the first read, from the device: the log bypasses the page cache)",
             r.cold_read_mbps
         );
-        println!(
+        outln!(
             "raw compress     {:>8.1} MB/s  CPU {:.0}%, {:.2} CPU s/GiB",
             r.raw_compress_mbps,
             100.0 * r.raw_cpu_utilization_compress,
@@ -583,18 +586,18 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 .iter()
                 .map(|x| format!("{:.0}%", 100.0 * x))
                 .collect();
-            println!("  write vs raw by run: {}", reps.join(", "));
+            outln!("  write vs raw by run: {}", reps.join(", "));
         }
-        println!("raw decompress   {:>8.1} MB/s", r.raw_decompress_mbps);
-        println!(
+        outln!("raw decompress   {:>8.1} MB/s", r.raw_decompress_mbps);
+        outln!(
             "ratio            {:.3} stored (raw codec alone: {:.3}); blobs {} compressed, {} rejected, {} skipped",
             r.ratio, r.raw_ratio, r.blobs_compressed, r.blobs_rejected, r.blobs_skipped
         );
-        println!(
+        outln!(
             "zero writes      {:>8.1} MB/s (one thread)",
             r.zero_write_mbps
         );
-        println!(
+        outln!(
             "map memory       {:.2} bytes per mapped sector",
             r.map_bytes_per_mapped_sector
         );
@@ -776,11 +779,11 @@ fn overwrite(a: Args) -> Result<ExitCode> {
         with_cleaner: with,
     };
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        outln!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("machine            {}", r.machine);
-    println!(
+    outln!("machine            {}", r.machine);
+    outln!(
         "workload           {} data set ({}), rewritten {}x with random 4K..128K writes, {} writers",
         human(r.dataset_bytes),
         r.algorithm,
@@ -788,7 +791,7 @@ fn overwrite(a: Args) -> Result<ExitCode> {
         r.writers
     );
     for p in [&r.without_cleaner, &r.with_cleaner] {
-        println!(
+        outln!(
             "{:<18} {:.1} MB/s, latency p50 {:.0} us p99 {:.0} us max {:.0} us; physical {} for {} stored at the end",
             if p.cleaner { "with cleaner" } else { "without cleaner" },
             p.write_mbps,
@@ -800,15 +803,15 @@ fn overwrite(a: Args) -> Result<ExitCode> {
         );
     }
     let w = &r.with_cleaner;
-    println!("p99 with/without   {:.2}x", r.p99_with_over_without);
-    println!(
+    outln!("p99 with/without   {:.2}x", r.p99_with_over_without);
+    outln!(
         "cleaner            {} moved in {:.1} s ({:.1} MB/s); catch-up compaction {:.1} s",
         human(w.cleaner_bytes_moved),
         w.cleaner_seconds,
         w.cleaner_mbps,
         w.catch_up_seconds
     );
-    println!(
+    outln!(
         "after catch-up     physical/stored {:.3}, write amplification {:.3}, ratio {:.3} (before overwrites {:.3})",
         w.physical_over_stored_after_catch_up,
         w.write_amplification,

@@ -23,7 +23,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         Ok(v) => v,
         Err(e) => {
             if a.json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({ "ok": false, "fatal": format!("{e:#}") })
                 );
@@ -53,21 +53,22 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if a.json {
         let mut v = serde_json::to_value(&report)?;
         v["ok"] = serde_json::Value::Bool(report.is_clean());
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         for (i, s) in report.superblock_slots.iter().enumerate() {
-            println!("superblock slot {i}: {s}");
+            outln!("superblock slot {i}: {s}");
         }
-        println!(
+        outln!(
             "checked {} records covering {} sectors",
-            report.records_checked, report.sectors_checked
+            report.records_checked,
+            report.sectors_checked
         );
         if let Some(acc) = &report.accounting {
-            println!("ACCOUNTING ERROR: {acc}");
+            outln!("ACCOUNTING ERROR: {acc}");
         }
         for d in &report.damaged {
             let last = d.first_lba + d.sectors - 1;
-            println!(
+            outln!(
                 "DAMAGED LBA {}..={} ({} sectors, bytes {}..{}): {}",
                 d.first_lba,
                 last,
@@ -78,9 +79,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
             );
         }
         if report.is_clean() {
-            println!("ok: no damage found");
+            outln!("ok: no damage found");
         } else {
-            println!("{} damaged sectors", report.damaged_sectors());
+            outln!("{} damaged sectors", report.damaged_sectors());
         }
     }
     Ok(if report.is_clean() {

@@ -74,7 +74,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     vol.close()?;
     let reclaimed = before.physical_bytes.saturating_sub(after.physical_bytes);
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "report": rep,
@@ -90,7 +90,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         );
     } else {
         if !a.no_merge {
-            println!(
+            outln!(
                 "merged {} fragmented windows ({} rewritten as {} of records) in {:.2} s",
                 merged.windows,
                 human(merged.sectors * squeeze_engine::SECTOR_SIZE as u64),
@@ -98,13 +98,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 merge_secs
             );
             if merged.corrupt_windows > 0 {
-                println!(
+                outln!(
                     "{} windows hold a record that failed its checksum and were left as they are: run `squeeze check`",
                     merged.corrupt_windows
                 );
             }
         }
-        println!(
+        outln!(
             "compacted {}: cleaned {} segments, moved {} records ({} sectors, {} written, {} recompressed) in {:.2} s ({:.1} MB/s)",
             a.path.display(),
             rep.victims,
@@ -115,7 +115,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             secs,
             rep.bytes_written as f64 / 1e6 / secs.max(1e-9)
         );
-        println!(
+        outln!(
             "physical {} -> {} (reclaimed {}); {} stored, ratio {:.3}",
             human(before.physical_bytes),
             human(after.physical_bytes),
@@ -124,7 +124,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             after.compression_ratio
         );
         if rep.corrupt_records > 0 {
-            println!(
+            outln!(
                 "{} records failed their checksum and were left in place: run `squeeze check`",
                 rep.corrupt_records
             );

@@ -35,7 +35,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let vol = create(&a.path, &opts)?;
     let sb = vol.superblock();
     vol.close()?;
-    println!(
+    outln!(
         "created {} ({} logical, uuid {}, {} {})",
         a.path.display(),
         human(sb.logical_size),

@@ -67,7 +67,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     let st = vol.stats();
-    println!(
+    outln!(
         "exported {} in {:.2} s: {:.1} MB/s; volume ratio {:.3} ({} stored for {} mapped)",
         human(len),
         secs,

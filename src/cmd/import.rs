@@ -152,7 +152,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let st = vol.stats();
     vol.close()?;
     let written = st.log_bytes_written - before.log_bytes_written;
-    println!(
+    outln!(
         "imported {} ({} of data) in {:.2} s: {:.1} MB/s in, {:.1} MB/s to the backing file, {:.2} CPU s",
         human(len),
         human(data_len),
@@ -161,7 +161,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         written as f64 / secs / 1e6,
         cpu
     );
-    println!(
+    outln!(
         "volume: {} mapped, {} stored, ratio {:.3}, {} on disk",
         human(st.mapped_bytes),
         human(st.stored_bytes),

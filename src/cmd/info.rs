@@ -45,28 +45,29 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
     });
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&info)?);
+        outln!("{}", serde_json::to_string_pretty(&info)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("volume          {}", a.path.display());
-    println!("format version  {FORMAT_VERSION}");
-    println!("uuid            {}", hex(&sb.uuid));
-    println!(
+    outln!("volume          {}", a.path.display());
+    outln!("format version  {FORMAT_VERSION}");
+    outln!("uuid            {}", hex(&sb.uuid));
+    outln!(
         "logical size    {} ({} bytes)",
         human(sb.logical_size),
         sb.logical_size
     );
-    println!("sector size     {}", squeeze_format::SECTOR_SIZE);
-    println!(
+    outln!("sector size     {}", squeeze_format::SECTOR_SIZE);
+    outln!(
         "layout          superblocks at 0 and 4 KiB, segments of {} from {}",
         human(u64::from(sb.segment_size)),
         human(DATA_START)
     );
-    println!(
+    outln!(
         "segments        {} in file, {} free",
-        st.segments_total, st.segments_free
+        st.segments_total,
+        st.segments_free
     );
-    println!(
+    outln!(
         "max physical    {}",
         if sb.max_physical == 0 {
             "unlimited".to_string()
@@ -74,7 +75,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             human(sb.max_physical)
         }
     );
-    println!(
+    outln!(
         "checkpoint      {} in segments {:?} (superblock generation {}, {})",
         human(sb.checkpoint.len),
         sb.checkpoint.segments,
@@ -85,12 +86,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "not closed cleanly"
         }
     );
-    println!("algorithm       {}", super::alg_name(p.codec, p.level));
-    println!("mode            {}", p.mode.name());
-    println!("required ratio  {}", f64::from(p.required_ratio_ppm) / 1e6);
-    println!("min blob size   {}", human(u64::from(p.min_blob)));
-    println!("max blob size   {}", human(u64::from(p.max_blob)));
-    println!(
+    outln!("algorithm       {}", super::alg_name(p.codec, p.level));
+    outln!("mode            {}", p.mode.name());
+    outln!("required ratio  {}", f64::from(p.required_ratio_ppm) / 1e6);
+    outln!("min blob size   {}", human(u64::from(p.min_blob)));
+    outln!("max blob size   {}", human(u64::from(p.max_blob)));
+    outln!(
         "recompress      {}",
         super::alg_name(p.recompress_codec, p.recompress_level)
     );

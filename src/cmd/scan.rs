@@ -467,7 +467,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             .with_context(|| format!("writing chart {}", path.display()))?;
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_text(&report);
     }
@@ -540,7 +540,7 @@ fn mbps(v: Option<f64>) -> String {
 
 fn print_text(r: &Report) {
     let w = &r.walk;
-    println!(
+    outln!(
         "scanned {} of {} data ({} logical) in {} files and {} block devices{}",
         human(r.bytes_scanned),
         human(r.bytes_data),
@@ -554,19 +554,24 @@ fn print_text(r: &Report) {
         }
     );
     if w.unreadable + w.special_skipped + w.symlinks_skipped > 0 {
-        println!(
+        outln!(
             "skipped: {} unreadable, {} special files, {} symlinks (not followed)",
-            w.unreadable, w.special_skipped, w.symlinks_skipped
+            w.unreadable,
+            w.special_skipped,
+            w.symlinks_skipped
         );
     }
-    println!("machine: {}", r.machine);
-    println!();
-    println!(
+    outln!("machine: {}", r.machine);
+    outln!();
+    outln!(
         "{:<11} {:>6} {:>11} {:>10}  advice",
-        "type", "share", "scanned", "best ratio"
+        "type",
+        "share",
+        "scanned",
+        "best ratio"
     );
     for g in &r.groups {
-        println!(
+        outln!(
             "{:<11} {:>5.1}% {:>11} {:>10.3}  {}",
             g.kind,
             100.0 * g.share,
@@ -575,14 +580,20 @@ fn print_text(r: &Report) {
             g.advice
         );
     }
-    println!();
-    println!("all data, single core:");
-    println!(
+    outln!();
+    outln!("all data, single core:");
+    outln!(
         "{:<10} {:>5} {:>7} {:>7} {:>10} {:>12} {:>16}",
-        "codec", "blob", "ratio", "saving", "comp MB/s", "decomp MB/s", "CPU s/GiB c / d"
+        "codec",
+        "blob",
+        "ratio",
+        "saving",
+        "comp MB/s",
+        "decomp MB/s",
+        "CPU s/GiB c / d"
     );
     for c in &r.all.codecs {
-        println!(
+        outln!(
             "{:<10} {:>5} {:>7.3} {:>6.1}% {:>10} {:>12} {:>8.2} / {:<6.2}",
             c.algorithm,
             format!("{}K", c.blob_size >> 10),
@@ -594,10 +605,10 @@ fn print_text(r: &Report) {
             c.cpu_seconds_per_gib.decompress
         );
     }
-    println!();
-    println!("recommendation: {}", r.recommendation.summary);
+    outln!();
+    outln!("recommendation: {}", r.recommendation.summary);
     for n in &r.recommendation.not_worth_compressing {
-        println!(
+        outln!(
             "not worth compressing: {} ({:.1}% of the data, best ratio {:.3}): store raw; mode aggressive's heuristic will skip it ({:.0}% of its 128 KiB blobs flagged)",
             n.kind,
             100.0 * n.share,

@@ -219,7 +219,7 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
     let mut o = CreateOptions::new(a.size);
     o.policy = a.policy.apply(default_policy())?;
     let v = super::create::create(path, &o)?;
-    eprintln!(
+    noteln!(
         "created {} ({} logical, thin)",
         path.display(),
         human(a.size)
@@ -354,7 +354,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
                 tracing::info!(signal = sig, "shutting down");
-                eprintln!("squeeze serve: signal {sig}, finishing in-flight requests");
+                noteln!("squeeze serve: signal {sig}, finishing in-flight requests");
                 handle.shutdown();
             }
         })?;
@@ -387,7 +387,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let mut failed = false;
     for (name, dev) in devices {
         if let Err(e) = dev.vol.flush() {
-            eprintln!("squeeze serve: flushing {name}: {e}");
+            noteln!("squeeze serve: flushing {name}: {e}");
             failed = true;
         }
         // Connection threads drop their references as they finish; wait for
@@ -404,7 +404,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
                 Err(d) => {
-                    eprintln!(
+                    noteln!(
                         "squeeze serve: {name} still in use 10 s after the drain; \
                          checkpointing without the clean mark"
                     );
@@ -413,7 +413,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             }
         };
         if let Err(e) = closed {
-            eprintln!("squeeze serve: closing {name}: {e}");
+            noteln!("squeeze serve: closing {name}: {e}");
             failed = true;
         }
     }
@@ -421,7 +421,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if failed {
         return Ok(ExitCode::FAILURE);
     }
-    eprintln!("squeeze serve: volumes flushed and checkpointed; bye");
+    noteln!("squeeze serve: volumes flushed and checkpointed; bye");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -459,40 +459,38 @@ fn print_connect_help(
                 ),
             ),
         };
-        eprintln!("squeeze serve: listening on {}", l.describe());
-        eprintln!("  exports: {}", exports.join(", "));
+        noteln!("squeeze serve: listening on {}", l.describe());
+        noteln!("  exports: {}", exports.join(", "));
         if let Some(mode) = tls {
             let m = if mode == TlsMode::Require {
                 "required"
             } else {
                 "offered"
             };
-            eprintln!(
-                "  TLS {m}; CERTDIR holds ca-cert.pem (and client-cert.pem, client-key.pem);"
-            );
-            eprintln!("  qemu's tls-hostname is a name in the server certificate");
-            eprintln!("  nbdinfo '{tls_uri}'");
-            eprintln!(
+            noteln!("  TLS {m}; CERTDIR holds ca-cert.pem (and client-cert.pem, client-key.pem);");
+            noteln!("  qemu's tls-hostname is a name in the server certificate");
+            noteln!("  nbdinfo '{tls_uri}'");
+            noteln!(
                 "  qemu-img info --object tls-creds-x509,id=tls0,endpoint=client,dir=CERTDIR --image-opts '{qemu_tls}'"
             );
             if mode == TlsMode::Require {
                 continue;
             }
         }
-        eprintln!("  qemu-img info '{uri}'");
-        eprintln!("  qemu-io -f raw '{uri}' -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'");
-        eprintln!("  nbdinfo --map '{uri}'");
-        eprintln!("  nbdfuse /mnt/squeeze '{uri}'");
+        noteln!("  qemu-img info '{uri}'");
+        noteln!("  qemu-io -f raw '{uri}' -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'");
+        noteln!("  nbdinfo --map '{uri}'");
+        noteln!("  nbdfuse /mnt/squeeze '{uri}'");
         if let Listener::Tcp(t) = l {
             if let Ok(a) = t.local_addr() {
-                eprintln!("  nbd-client {} {} /dev/nbd0 -N {first}", a.ip(), a.port());
+                noteln!("  nbd-client {} {} /dev/nbd0 -N {first}", a.ip(), a.port());
             }
         }
-        eprintln!("  fio --ioengine=nbd --uri='{uri}' --rw=write --bs=128k --iodepth=32 --size=1g --name=w");
+        noteln!("  fio --ioengine=nbd --uri='{uri}' --rw=write --bs=128k --iodepth=32 --size=1g --name=w");
     }
-    eprintln!("  squeeze stats {}", control.display());
+    noteln!("  squeeze stats {}", control.display());
     if let Some(m) = metrics {
-        eprintln!("  curl http://{m}/metrics");
+        noteln!("  curl http://{m}/metrics");
     }
 }
 

@@ -19,7 +19,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let p = a.policy.apply(vol.policy())?;
     vol.set_policy(p)?;
     vol.close()?;
-    println!(
+    outln!(
         "{}: algorithm {} mode {} required_ratio {} min_blob {} max_blob {} recompress {}",
         a.path.display(),
         super::alg_name(p.codec, p.level),

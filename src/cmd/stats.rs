@@ -30,13 +30,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     if a.json {
         if stats.len() == 1 && !is_socket {
-            println!("{}", serde_json::to_string_pretty(&stats[0].1)?);
+            outln!("{}", serde_json::to_string_pretty(&stats[0].1)?);
         } else {
             let m: serde_json::Map<String, serde_json::Value> = stats
                 .into_iter()
                 .map(|(k, v)| (k, serde_json::to_value(v).expect("stats serialise")))
                 .collect();
-            println!("{}", serde_json::to_string_pretty(&m)?);
+            outln!("{}", serde_json::to_string_pretty(&m)?);
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -47,25 +47,25 @@ pub fn run(a: Args) -> Result<ExitCode> {
 }
 
 pub fn print_stats(name: &str, s: &VolumeStats) {
-    println!("volume                 {name}");
-    println!("logical size           {}", human(s.logical_size));
-    println!("bytes written          {}", human(s.bytes_written));
-    println!("bytes read             {}", human(s.bytes_read));
-    println!(
+    outln!("volume                 {name}");
+    outln!("logical size           {}", human(s.logical_size));
+    outln!("bytes written          {}", human(s.bytes_written));
+    outln!("bytes read             {}", human(s.bytes_read));
+    outln!(
         "mapped (non-zero)      {} ({} zero sectors written, {} trimmed)",
         human(s.mapped_bytes),
         s.zero_sectors_written,
         s.sectors_trimmed
     );
-    println!("stored (live extents)  {}", human(s.stored_bytes));
-    println!(
+    outln!("stored (live extents)  {}", human(s.stored_bytes));
+    outln!(
         "physical (du)          {} of {} allocated, {} free",
         human(s.physical_bytes),
         human(s.allocated_bytes),
         human(s.free_physical_bytes)
     );
-    println!("compression ratio      {:.3}", s.compression_ratio);
-    println!(
+    outln!("compression ratio      {:.3}", s.compression_ratio);
+    outln!(
         "effective ratio        {:.3} (mapped / physical)",
         s.effective_ratio
     );
@@ -75,50 +75,53 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         .filter(|(_, v)| **v > 0)
         .map(|(k, v)| format!("{k} {}", human(*v)))
         .collect();
-    println!("bytes per algorithm    {}", per.join(", "));
-    println!(
+    outln!("bytes per algorithm    {}", per.join(", "));
+    outln!(
         "blobs                  {} compressed, {} rejected (over required ratio), {} skipped",
-        s.blobs_compressed, s.blobs_rejected, s.blobs_skipped
+        s.blobs_compressed,
+        s.blobs_rejected,
+        s.blobs_skipped
     );
-    println!(
+    outln!(
         "CPU seconds            {:.3} compressing, {:.3} decompressing",
-        s.compress_cpu_seconds, s.decompress_cpu_seconds
+        s.compress_cpu_seconds,
+        s.decompress_cpu_seconds
     );
-    println!(
+    outln!(
         "log written            {} ({} checkpoints, {}), write amplification {:.3}",
         human(s.log_bytes_written),
         s.checkpoints,
         human(s.checkpoint_bytes_written),
         s.write_amplification
     );
-    println!(
+    outln!(
         "segments               {} in file, {} free, {} reclaimed, {} each",
         s.segments_total,
         s.segments_free,
         s.segments_reclaimed,
         human(s.segment_size)
     );
-    println!(
+    outln!(
         "cleaner                {} garbage, {} moved, {} blobs recompressed",
         human(s.garbage_bytes),
         human(s.cleaner_bytes_moved),
         s.recompressed_blobs
     );
-    println!(
+    outln!(
         "merger                 {} rewritten as whole blobs ({} of records)",
         human(s.merged_bytes),
         human(s.merge_bytes_written)
     );
-    println!(
+    outln!(
         "map memory             {} ({:.2} bytes per mapped sector)",
         human(s.map_memory_bytes),
         s.map_bytes_per_mapped_sector
     );
-    println!("checksum errors        {}", s.checksum_errors);
+    outln!("checksum errors        {}", s.checksum_errors);
     if let Some(w) = &s.space_warning {
-        println!("WARNING                {w}");
+        outln!("WARNING                {w}");
     }
     if let Some(r) = &s.read_only_reason {
-        println!("READ-ONLY              {r}");
+        outln!("READ-ONLY              {r}");
     }
 }

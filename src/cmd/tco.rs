@@ -716,14 +716,16 @@ pub fn run(a: Args) -> Result<ExitCode> {
             scenarios: &sc,
             squeeze_saving: savings,
         };
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        outln!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "measured ({source}): ratio {:.3}, {:.3} CPU s/GiB compress, {:.3} decompress",
-        m.measured.ratio, m.measured.cpu_s_per_gib_compress, m.measured.cpu_s_per_gib_decompress
+        m.measured.ratio,
+        m.measured.cpu_s_per_gib_compress,
+        m.measured.cpu_s_per_gib_decompress
     );
-    println!(
+    outln!(
         "need {} TB effective, {} GB/s writes, {} GB/s reads; {}, {:.0}% fillable; {} years",
         m.capacity_tb,
         m.throughput_gbps,
@@ -732,8 +734,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
         100.0 * m.usable,
         m.years
     );
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:<12} {:>6} {:>9} {:>7} {:>8} {:>11} {:<16} {:>13} {:>12} {:>10}",
         "scenario",
         "ratio",
@@ -757,7 +759,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 format!("{d:+.1}%")
             }
         };
-        println!(
+        outln!(
             "{:<12} {:>6.3} {:>9.1} {:>7} {:>8} {:>11.1} {:<16} {:>13.0} {:>12.2} {:>10}",
             s.name,
             s.ratio,
@@ -771,14 +773,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
             vs
         );
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
         "squeeze saves {:.1}% against no compression, {:.1}% against CPU compression in the classic stack ({:.0}% write throughput lost), {:.1}% against the offload",
         100.0 * savings.vs_none,
         100.0 * savings.vs_classic_cpu,
         100.0 * m.cpu_throughput_loss,
         100.0 * savings.vs_offload
     );
-    println!("(\"squeeze vs\": squeeze's TCO relative to that row, negative = squeeze costs less; formulas and sources: docs/TCO.md)");
+    outln!("(\"squeeze vs\": squeeze's TCO relative to that row, negative = squeeze costs less; formulas and sources: docs/TCO.md)");
     Ok(ExitCode::SUCCESS)
 }

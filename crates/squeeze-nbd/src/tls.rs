@@ -20,6 +20,13 @@
 //! closing its plaintext end makes the pump send close_notify, flush (for
 //! at most `send_timeout`) and exit. The reader thread joins the pump
 //! before the connection is counted closed, so no reply is lost.
+//!
+//! Keys: the crypto provider is aws-lc-rs, which signs with RSA keys of
+//! any size from 2048 to 8192 bits, ECDSA keys on P-256, P-384 and P-521,
+//! and Ed25519 keys. (ring, the other rustls provider, also wants each RSA
+//! prime to be a multiple of 512 bits, so it refused valid keys such as
+//! the NBD project's 2432-bit test key.) A key the provider refuses is
+//! named by type and size in the error (`key.rs` reads just enough DER).
 
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -36,6 +43,8 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConnection;
 
 use crate::server::Stream;
+
+mod key;
 
 /// Whether clients must use TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +78,14 @@ impl fmt::Debug for TlsConfig {
 pub enum TlsError {
     #[error("{path}: {what}")]
     File { path: String, what: String },
+    /// The private key is of a type or size the TLS library cannot sign
+    /// with (`kind`: "RSA key of 1024 bits").
+    #[error("{path}: {kind} cannot be used: {why} (the TLS library signs with {usable})", usable = key::USABLE_KEYS)]
+    UnusableKey {
+        path: String,
+        kind: String,
+        why: String,
+    },
     #[error("TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
 }
@@ -91,9 +108,30 @@ fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certs)
 }
 
+/// The private key from a PEM file, checked against what `provider` can
+/// sign with: a key it refuses is named by type and size in the error.
+fn load_key(
+    path: &Path,
+    provider: &rustls::crypto::CryptoProvider,
+) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let key = PrivateKeyDer::from_pem_file(path).map_err(|e| file_error(path, e))?;
+    if let Err(e) = provider.key_provider.load_private_key(key.clone_key()) {
+        let kind = key::KeyKind::of(&key);
+        return Err(TlsError::UnusableKey {
+            path: path.display().to_string(),
+            kind: kind.to_string(),
+            why: kind
+                .why_unusable()
+                .unwrap_or_else(|| format!("the TLS library refused it: {e}")),
+        });
+    }
+    Ok(key)
+}
+
 impl TlsConfig {
     /// From PEM files: the server's certificate chain (leaf first) and its
-    /// private key (PKCS#8, PKCS#1 or SEC1). With `client_ca`, clients must
+    /// private key (PKCS#8, PKCS#1 or SEC1; RSA of 2048 to 8192 bits, EC on
+    /// P-256, P-384 or P-521, or Ed25519). With `client_ca`, clients must
     /// present a certificate signed by one of the CA certificates in that
     /// file (the only authentication NBD has).
     pub fn from_pem_files(
@@ -103,8 +141,8 @@ impl TlsConfig {
         mode: TlsMode,
     ) -> Result<TlsConfig, TlsError> {
         let chain = load_certs(cert)?;
-        let key = PrivateKeyDer::from_pem_file(key).map_err(|e| file_error(key, e))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let key = load_key(key, &provider)?;
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()?;
         let builder = match client_ca {
