@@ -140,6 +140,10 @@ impl BlockDevice for VolumeDevice {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.vol.read(offset, buf).map_err(io_err)
     }
+    fn read_or_hole(&self, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+        // One map walk for the read and the hole test.
+        self.vol.read_or_hole(offset, buf).map_err(io_err)
+    }
     fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
         self.vol.write(offset, data, fua).map_err(io_err)
     }

@@ -38,6 +38,19 @@ pub trait BlockDevice: Send + Sync {
     fn write_owned(&self, offset: u64, data: Vec<u8>, fua: bool) -> io::Result<()> {
         self.write_at(offset, &data, fua)
     }
+    /// [`BlockDevice::read_at`], telling whether the whole range is a hole
+    /// (then a structured READ is answered with OFFSET_HOLE). The default
+    /// asks `block_status` before reading; a device whose read looks the
+    /// range up anyway should answer from that one lookup.
+    fn read_or_hole(&self, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+        if let Ok(ext) = self.block_status(offset, buf.len() as u64) {
+            if matches!(ext.first(), Some(&(l, true)) if l >= buf.len() as u64) {
+                buf.fill(0);
+                return Ok(true);
+            }
+        }
+        self.read_at(offset, buf).map(|()| false)
+    }
     /// Make every write completed before this call durable.
     fn flush(&self) -> io::Result<()>;
     /// Discard `[offset, offset + len)`; later reads may return anything

@@ -46,7 +46,8 @@ pub struct ServerConfig {
     /// after it the connection is closed.
     pub send_timeout: Option<Duration>,
     /// With structured replies, answer a READ of an all-hole range with
-    /// OFFSET_HOLE (costs one `block_status` call per READ).
+    /// OFFSET_HOLE (`BlockDevice::read_or_hole`: one lookup with the read
+    /// where the device provides it).
     pub read_holes: bool,
     /// TLS (NBD_OPT_STARTTLS) offered or required; `None`: plaintext only.
     pub tls: Option<TlsConfig>,

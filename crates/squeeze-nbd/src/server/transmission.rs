@@ -258,19 +258,22 @@ fn execute(job: &mut Job) -> Vec<u8> {
     };
     match job.command {
         Command::Read { offset, len } => {
-            if conn.structured && conn.read_holes {
-                if let Ok(ext) = dev.block_status(offset, u64::from(len)) {
-                    if matches!(ext.first(), Some(&(l, true)) if l >= u64::from(len)) {
-                        Counters::add(&conn.counters.bytes_read, u64::from(len));
-                        return reply::offset_hole(cookie, offset, len);
-                    }
-                }
-            }
             let mut r = reply::ReadReply::new(conn.structured, cookie, offset, len);
-            match dev.read_at(offset, r.data_mut()) {
-                Ok(()) => {
+            // With structured replies, one device call reads and tells
+            // whether the range is all hole (answered with OFFSET_HOLE).
+            let res = if conn.structured && conn.read_holes {
+                dev.read_or_hole(offset, r.data_mut())
+            } else {
+                dev.read_at(offset, r.data_mut()).map(|()| false)
+            };
+            match res {
+                Ok(hole) => {
                     Counters::add(&conn.counters.bytes_read, u64::from(len));
-                    r.into_bytes()
+                    if hole {
+                        reply::offset_hole(cookie, offset, len)
+                    } else {
+                        r.into_bytes()
+                    }
                 }
                 Err(e) => fail("read", e),
             }
