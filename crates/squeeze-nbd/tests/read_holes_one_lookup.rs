@@ -8,7 +8,6 @@ mod common;
 
 use common::*;
 use squeeze_nbd::device::{BlockDevice, MemDevice};
-use squeeze_nbd::proto::*;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
