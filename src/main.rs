@@ -1,6 +1,10 @@
 //! `squeeze`: the command-line front end. Each subcommand lives in
 //! `cmd/<name>.rs`; `serve` holds the one adapter between the NBD layer and
 //! the engine (STYLE habit 9).
+//!
+//! Output goes through `outln!` (util.rs), never `println!`, which panics
+//! when stdout is a pipe whose reader has gone (`squeeze stats | head`).
+#![deny(clippy::print_stdout)]
 
 #[macro_use]
 mod util;
