@@ -141,6 +141,7 @@ impl Rig {
                 chunks: r.gen_range(1..=6),
                 seed: r.gen(),
                 write_out_chance: [0.0, 0.2, 0.7, 1.0][r.gen_range(0..4)],
+                flusher_threads: 0,
             };
             Arc::new(SimWriteBehind::new(disk.clone(), config))
         });

@@ -24,6 +24,7 @@ fn volume() -> (Arc<SimStorage>, Arc<SimWriteBehind>, Volume) {
             chunks: CHUNKS,
             seed: 1,
             write_out_chance: 0.0,
+            flusher_threads: 0,
         },
     ));
     let mut opts = small_opts(SIZE);

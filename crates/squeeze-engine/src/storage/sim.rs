@@ -390,6 +390,9 @@ pub struct SimWriteBehindConfig {
     /// After each write, the chance that each completed chunk still
     /// waiting is written out (0: only eviction and sync write them).
     pub write_out_chance: f64,
+    /// Real flusher threads, as `FileStorage` runs, instead of the seeded
+    /// stand-in (0): the races are real, and a seed no longer replays.
+    pub flusher_threads: usize,
 }
 
 /// The default I/O path under the simulator: the same write-behind code
@@ -409,15 +412,18 @@ pub struct SimWriteBehind {
 
 impl SimWriteBehind {
     pub fn new(disk: Arc<SimStorage>, config: SimWriteBehindConfig) -> SimWriteBehind {
-        SimWriteBehind {
-            direct: Direct::seeded(
+        let direct = match config.flusher_threads {
+            0 => Direct::seeded(
                 SimDisk(disk),
                 config.chunk,
                 config.chunks,
                 config.seed,
                 config.write_out_chance,
             ),
-        }
+            n => Direct::with_threads(SimDisk(disk), config.chunk, config.chunks, n)
+                .expect("spawning flusher threads"),
+        };
+        SimWriteBehind { direct }
     }
 
     /// The simulated disk under the pool (faults, crash, kill).
