@@ -1,23 +1,37 @@
 //! The durability proof: a seeded simulator runs random operation sequences
 //! (write, unaligned write, FUA write, overwrite, trim, write-zeroes, flush,
-//! checkpoint, cleaner pass, merge, compaction, clean reopen, crash between operations, crash at a chosen
-//! I/O inside an operation, crash during recovery) against a model, on a
-//! simulated disk that keeps a random page-granular subset of unsynced
-//! writes at each crash.
+//! checkpoint, cleaner pass, merge, compaction, clean reopen, crash between
+//! operations, crash at a chosen I/O inside an operation, crash during
+//! recovery, process kill) against a model, on a simulated disk that keeps
+//! a random page-granular subset of unsynced writes at each crash.
+//!
+//! Two I/O paths run the same sequences: the engine straight over the
+//! simulated disk (`random_sequences_survive_crashes`), and the engine over
+//! the write-behind path every user runs, the same staging pool and chunk
+//! writer `FileStorage` uses, over the simulated disk, with a tiny pool
+//! (4-64 KiB chunks, 1-6 of them) and a seeded stand-in for the flusher
+//! threads that writes completed chunks late and in any order
+//! (`..._through_write_behind`). There a power cut also loses chunks still
+//! staged, and tears and reorders the chunks written out.
 //!
 //! After every crash each sector must read back as its content at the last
 //! flush (or FUA) or as one of the contents written to it since: nothing
 //! acknowledged as durable is lost, and no sector ever holds bytes that were
-//! never written to it. Reads never fail with a checksum error.
+//! never written to it. Reads never fail with a checksum error. After a
+//! process kill (the page cache survives, the process's memory does not)
+//! the same holds, and nothing acknowledged is lost unless the write-behind
+//! pool held bytes not yet written out.
 //!
-//! SQUEEZE_SIM_SEEDS=N runs N seeds (default 400 here; CI runs 2000 via
-//! the README's test command), SQUEEZE_SIM_SEED=S replays one seed.
+//! SQUEEZE_SIM_SEEDS=N runs N seeds per path (default 400 here; CI runs
+//! 2000 via the README's test command), SQUEEZE_SIM_SEED=S replays one seed
+//! (add the test's name to replay one path).
 
 mod common;
 use common::*;
 use rand::Rng;
+use squeeze_engine::storage::{SimWriteBehind, SimWriteBehindConfig};
 use squeeze_engine::{
-    default_policy, CodecId, OpenOptions, SimFaults, SimStorage, Volume, SECTOR_SIZE,
+    default_policy, CodecId, OpenOptions, SimFaults, SimStorage, Storage, Volume, SECTOR_SIZE,
 };
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -71,11 +85,13 @@ impl Model {
     fn flush(&mut self) {
         self.make_durable(0, SIZE);
     }
-    /// Checks a volume after a crash and adopts what it shows.
-    fn verify_after_crash(&mut self, v: &Volume, seed: u64, step: usize) {
+    /// Checks a volume after a crash and adopts what it shows. Returns how
+    /// many sectors lost their latest (acknowledged, unflushed) content.
+    fn verify_after_crash(&mut self, v: &Volume, seed: u64, step: usize) -> usize {
         let mut all = vec![0u8; SIZE as usize];
         v.read(0, &mut all)
             .unwrap_or_else(|e| panic!("seed {seed} step {step}: read after crash: {e}"));
+        let mut rolled_back = 0;
         for s in 0..SECTORS {
             let got = h(&all[s * SECTOR_SIZE..(s + 1) * SECTOR_SIZE]);
             let ok = got == self.durable[s] || self.cands.get(&s).is_some_and(|c| c.contains(&got));
@@ -84,6 +100,9 @@ impl Model {
                 "seed {seed} step {step}: sector {s} holds bytes never written to it \
                  (or lost a durable write)"
             );
+            if got != h(self.sector(s)) {
+                rolled_back += 1;
+            }
         }
         v.verify_accounting()
             .unwrap_or_else(|e| panic!("seed {seed} step {step}: {e}"));
@@ -92,52 +111,105 @@ impl Model {
         for s in 0..SECTORS {
             self.durable[s] = h(self.sector(s));
         }
+        rolled_back
     }
 }
 
-fn open(s: &Arc<SimStorage>) -> squeeze_engine::Result<Volume> {
-    Volume::open(s.clone(), OpenOptions::default())
+/// The I/O path under the volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum IoPath {
+    /// The engine straight over the simulated disk.
+    Sim,
+    /// The write-behind staging pool over the simulated disk.
+    WriteBehind,
+}
+
+/// A simulated disk and what the volume sees of it: the disk itself, or
+/// the write-behind path over it.
+struct Rig {
+    path: IoPath,
+    disk: Arc<SimStorage>,
+    wb: Option<Arc<SimWriteBehind>>,
+}
+
+impl Rig {
+    fn over(path: IoPath, disk: SimStorage, r: &mut impl Rng) -> Rig {
+        let disk = Arc::new(disk);
+        let wb = (path == IoPath::WriteBehind).then(|| {
+            let config = SimWriteBehindConfig {
+                chunk: 4096 << r.gen_range(0..5),
+                chunks: r.gen_range(1..=6),
+                seed: r.gen(),
+                write_out_chance: [0.0, 0.2, 0.7, 1.0][r.gen_range(0..4)],
+                flusher_threads: 0,
+            };
+            Arc::new(SimWriteBehind::new(disk.clone(), config))
+        });
+        Rig { path, disk, wb }
+    }
+
+    fn storage(&self) -> Arc<dyn Storage> {
+        match &self.wb {
+            Some(wb) => wb.clone(),
+            None => self.disk.clone(),
+        }
+    }
+
+    /// Staged bytes a process kill would lose now.
+    fn unwritten_bytes(&self) -> u64 {
+        self.wb.as_ref().map_or(0, |wb| wb.unwritten_bytes())
+    }
+}
+
+fn open(rig: &Rig) -> squeeze_engine::Result<Volume> {
+    Volume::open(rig.storage(), OpenOptions::default())
 }
 
 /// Crashes the disk, optionally crashes again during recovery, reopens.
-fn crash_and_recover(
-    r: &mut impl Rng,
-    disk: &Arc<SimStorage>,
-    vol: Volume,
-    seed: u64,
-) -> (Arc<SimStorage>, Volume) {
-    let mut img = Arc::new(disk.crash(r));
+fn crash_and_recover(r: &mut impl Rng, rig: &Rig, vol: Volume, seed: u64) -> (Rig, Volume) {
+    let mut img = Rig::over(rig.path, rig.disk.crash(r), r);
     drop(vol);
     for _ in 0..3 {
         if !r.gen_bool(0.3) {
             break;
         }
-        img.set_faults(SimFaults {
+        img.disk.set_faults(SimFaults {
             crash_at_write: Some(r.gen_range(1..6)),
             ..Default::default()
         });
         if let Ok(v) = open(&img) {
-            if !img.is_dead() {
-                img.set_faults(SimFaults::default());
+            if !img.disk.is_dead() {
+                img.disk.set_faults(SimFaults::default());
                 return (img, v);
             }
             drop(v);
         }
-        img = Arc::new(img.crash(r));
+        img = Rig::over(rig.path, img.disk.crash(r), r);
     }
     let v = open(&img).unwrap_or_else(|e| panic!("seed {seed}: recovery failed: {e}"));
     (img, v)
 }
 
-fn run_seed(seed: u64) {
+/// What a seed saw of process kills.
+#[derive(Default)]
+struct KillStats {
+    kills: u64,
+    /// Kills that found staged bytes not yet written out.
+    kills_with_staged: u64,
+    /// Sectors that lost an acknowledged, unflushed write to a kill.
+    sectors_lost: u64,
+}
+
+fn run_seed(path: IoPath, seed: u64) -> KillStats {
     let mut r = rng(seed);
+    let mut kills = KillStats::default();
     let mut policy = default_policy();
     policy.codec = [CodecId::Lz4, CodecId::Zstd, CodecId::None][r.gen_range(0..3)];
     policy.max_blob = 4096 << r.gen_range(0..6);
-    let mut disk = Arc::new(SimStorage::new());
+    let mut rig = Rig::over(path, SimStorage::new(), &mut r);
     let mut opts = small_opts(SIZE);
     opts.policy = policy;
-    let mut vol = Volume::create(disk.clone(), &opts).unwrap();
+    let mut vol = Volume::create(rig.storage(), &opts).unwrap();
     let mut m = Model::new();
     let steps = r.gen_range(20..80);
     let mut armed = false;
@@ -189,42 +261,61 @@ fn run_seed(seed: u64) {
                 // Clean close and reopen: everything is durable.
                 vol.close().unwrap();
                 m.flush();
-                vol = open(&disk).unwrap();
+                vol = open(&rig).unwrap();
                 Ok(())
             }
             85..=91 if !armed => {
                 // Arm a power cut at one of the next few I/Os.
-                disk.set_faults(SimFaults {
+                rig.disk.set_faults(SimFaults {
                     crash_at_write: Some(r.gen_range(1..12)),
                     ..Default::default()
                 });
                 armed = true;
                 Ok(())
             }
+            92..=93 if !armed => {
+                // Process kill now: what reached the disk survives (synced
+                // or not), bytes staged in the process's memory do not.
+                let staged = rig.unwritten_bytes();
+                let img = Rig::over(path, rig.disk.kill(), &mut r);
+                drop(vol);
+                rig = img;
+                vol = open(&rig).unwrap_or_else(|e| panic!("seed {seed}: reopen after kill: {e}"));
+                let lost = m.verify_after_crash(&vol, seed, step);
+                assert!(
+                    lost == 0 || staged > 0,
+                    "seed {seed} step {step}: a process kill lost {lost} acknowledged sectors \
+                     though nothing was staged"
+                );
+                kills.kills += 1;
+                kills.kills_with_staged += u64::from(staged > 0);
+                kills.sectors_lost += lost as u64;
+                Ok(())
+            }
             _ => {
                 // Power cut now, between operations.
-                let (d, v) = crash_and_recover(&mut r, &disk, vol, seed);
-                disk = d;
+                let (d, v) = crash_and_recover(&mut r, &rig, vol, seed);
+                rig = d;
                 vol = v;
                 armed = false;
                 m.verify_after_crash(&vol, seed, step);
                 Ok(())
             }
         };
-        if res.is_err() || disk.is_dead() {
+        if res.is_err() || rig.disk.is_dead() {
             assert!(
-                disk.is_dead(),
+                rig.disk.is_dead(),
                 "seed {seed} step {step}: operation failed without a fault: {res:?}"
             );
-            let (d, v) = crash_and_recover(&mut r, &disk, vol, seed);
-            disk = d;
+            let (d, v) = crash_and_recover(&mut r, &rig, vol, seed);
+            rig = d;
             vol = v;
             armed = false;
             m.verify_after_crash(&vol, seed, step);
         }
     }
     // After a full clean the log holds little more than the live data.
-    disk.set_faults(SimFaults::default());
+    rig.disk.set_faults(SimFaults::default());
     vol.compact(|_, _| {}).unwrap();
     let st = vol.stats();
     let seg = st.segment_size;
@@ -237,21 +328,53 @@ fn run_seed(seed: u64) {
     // Finally: a crash with nothing armed must keep everything flushed.
     vol.flush().unwrap();
     m.flush();
-    let (_d, v) = crash_and_recover(&mut r, &disk, vol, seed);
+    let (_d, v) = crash_and_recover(&mut r, &rig, vol, seed);
     m.verify_after_crash(&v, seed, steps);
+    kills
 }
 
-#[test]
-fn random_sequences_survive_crashes() {
+/// Runs SQUEEZE_SIM_SEEDS seeds (or SQUEEZE_SIM_SEED alone) over `path`.
+fn run_seeds(path: IoPath) -> KillStats {
     if let Ok(s) = std::env::var("SQUEEZE_SIM_SEED") {
-        run_seed(s.parse().expect("SQUEEZE_SIM_SEED is a number"));
-        return;
+        return run_seed(path, s.parse().expect("SQUEEZE_SIM_SEED is a number"));
     }
     let n: u64 = std::env::var("SQUEEZE_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(400);
+    let mut all = KillStats::default();
     for seed in 0..n {
-        run_seed(seed);
+        let k = run_seed(path, seed);
+        all.kills += k.kills;
+        all.kills_with_staged += k.kills_with_staged;
+        all.sectors_lost += k.sectors_lost;
+    }
+    println!(
+        "{path:?}: {n} seeds; {} process kills, {} with staged bytes, {} acknowledged \
+         unflushed sectors lost to them",
+        all.kills, all.kills_with_staged, all.sectors_lost
+    );
+    all
+}
+
+#[test]
+fn random_sequences_survive_crashes() {
+    let k = run_seeds(IoPath::Sim);
+    assert_eq!(
+        k.sectors_lost, 0,
+        "a kill lost writes on the page-cache path"
+    );
+}
+
+/// The same sequences through the write-behind path (the default I/O path
+/// of `FileStorage`): a tiny staging pool over the simulated disk.
+#[test]
+fn random_sequences_survive_crashes_through_write_behind() {
+    let k = run_seeds(IoPath::WriteBehind);
+    if std::env::var("SQUEEZE_SIM_SEED").is_err() && k.kills >= 20 {
+        assert!(
+            k.kills_with_staged > 0,
+            "no process kill found staged bytes: the kill case does not reach the pool"
+        );
     }
 }

@@ -2,22 +2,21 @@
 //! block device), fdatasync for durability, fallocate to reserve segments
 //! and to punch freed ones out so the file really shrinks on disk.
 //!
-//! Writes go through a write-behind pool (`write_behind`) and reach the file
-//! as whole aligned chunks written with O_DIRECT, unless the file system
-//! refuses O_DIRECT or `SQUEEZE_IO=buffered` is set; then they go through
-//! the page cache as plain positional writes.
+//! Writes go through a write-behind pool (`write_behind`, tied to the file
+//! by `direct`, the same code the simulator runs over a simulated disk) and
+//! reach the file as whole aligned chunks written with O_DIRECT, unless the
+//! file system refuses O_DIRECT or `SQUEEZE_IO=buffered` is set; then they
+//! go through the page cache as plain positional writes.
 
-use super::write_behind::{AlignedBuf, Completed, Disk, WriteBehind, BLOCK};
+use super::direct::Direct;
+use super::write_behind::{AlignedBuf, Disk, BLOCK};
 use super::Storage;
-use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
 
 /// Bytes per write-behind chunk: one direct write each.
 pub const WRITE_BEHIND_CHUNK: usize = 1 << 20;
@@ -56,28 +55,19 @@ impl IoMode {
 
 pub struct FileStorage {
     file: File,
-    direct: Option<Direct>,
+    direct: Option<Direct<FileDisk>>,
 }
 
-/// The write-behind path: the pool, the file's descriptors, and the threads
-/// that write completed chunks out.
-struct Direct {
-    shared: Arc<DirectShared>,
-    to_flushers: Option<mpsc::Sender<Completed>>,
-    flushers: Vec<JoinHandle<()>>,
-}
-
-struct DirectShared {
+/// The file as the write-behind pool sees it: reads through the page
+/// cache, whole-block writes with O_DIRECT.
+struct FileDisk {
     /// The file opened as usual (reads go through the page cache).
     file: File,
     /// The same file opened O_DIRECT.
     direct: File,
-    staging: WriteBehind,
     /// Set when a direct write was refused (EINVAL): from then on the same
     /// bytes go through the page cache.
     refused: AtomicBool,
-    /// The first error a flusher thread met; the next `sync` reports it.
-    flush_error: Mutex<Option<io::Error>>,
 }
 
 thread_local! {
@@ -85,7 +75,7 @@ thread_local! {
     static BOUNCE: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
 }
 
-impl Disk for DirectShared {
+impl Disk for FileDisk {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         read_full(&self.file, buf, offset)
     }
@@ -134,75 +124,6 @@ impl Disk for DirectShared {
             }
         }
         self.file.write_all_at(data, offset)
-    }
-}
-
-impl Direct {
-    fn new(file: &File, direct: File) -> io::Result<Direct> {
-        let shared = Arc::new(DirectShared {
-            file: file.try_clone()?,
-            direct,
-            staging: WriteBehind::new(WRITE_BEHIND_CHUNK, WRITE_BEHIND_CHUNKS),
-            refused: AtomicBool::new(false),
-            flush_error: Mutex::new(None),
-        });
-        let (tx, rx) = mpsc::channel::<Completed>();
-        let rx = Arc::new(Mutex::new(rx));
-        let mut flushers = Vec::new();
-        for i in 0..FLUSHER_THREADS {
-            let (shared, rx) = (shared.clone(), rx.clone());
-            let t = std::thread::Builder::new()
-                .name(format!("squeeze-flush-{i}"))
-                .spawn(move || loop {
-                    let next = rx.lock().recv();
-                    let Ok(c) = next else { return };
-                    if let Err(e) = shared.staging.write_completed(&*shared, c) {
-                        tracing::error!("writing a log chunk: {e}");
-                        shared.flush_error.lock().get_or_insert(e);
-                    }
-                })?;
-            flushers.push(t);
-        }
-        Ok(Direct {
-            shared,
-            to_flushers: Some(tx),
-            flushers,
-        })
-    }
-
-    fn write(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
-        let s = &*self.shared;
-        for c in s.staging.write(s, parts, offset)? {
-            let unsent = match &self.to_flushers {
-                Some(tx) => tx.send(c).err().map(|e| e.0),
-                None => Some(c),
-            };
-            if let Some(c) = unsent {
-                s.staging.write_completed(s, c)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn write_out(&self) -> io::Result<()> {
-        if let Some(e) = self.shared.flush_error.lock().take() {
-            return Err(e);
-        }
-        self.shared.staging.write_out(&*self.shared)
-    }
-}
-
-impl Drop for Direct {
-    /// Staged bytes reach the file (not durably: that takes `sync`), as
-    /// page-cache writes would have.
-    fn drop(&mut self) {
-        self.to_flushers = None;
-        for t in self.flushers.drain(..) {
-            let _ = t.join();
-        }
-        if let Err(e) = self.write_out() {
-            tracing::error!("writing staged log bytes on close: {e}");
-        }
     }
 }
 
@@ -315,7 +236,7 @@ impl FileStorage {
 
     /// The O_DIRECT descriptor, or None where the mode or the file system
     /// says no.
-    fn open_direct(path: &Path, file: &File, mode: IoMode) -> io::Result<Option<Direct>> {
+    fn open_direct(path: &Path, file: &File, mode: IoMode) -> io::Result<Option<Direct<FileDisk>>> {
         if mode == IoMode::Buffered {
             return Ok(None);
         }
@@ -325,7 +246,19 @@ impl FileStorage {
             .custom_flags(libc::O_DIRECT)
             .open(path)
         {
-            Ok(direct) => Ok(Some(Direct::new(file, direct)?)),
+            Ok(direct) => {
+                let disk = FileDisk {
+                    file: file.try_clone()?,
+                    direct,
+                    refused: AtomicBool::new(false),
+                };
+                Ok(Some(Direct::with_threads(
+                    disk,
+                    WRITE_BEHIND_CHUNK,
+                    WRITE_BEHIND_CHUNKS,
+                    FLUSHER_THREADS,
+                )?))
+            }
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 tracing::info!(
                     "{}: the file system refuses O_DIRECT; writing through the page cache",
@@ -340,7 +273,7 @@ impl FileStorage {
     /// How writes reach the file.
     pub fn io_mode(&self) -> IoMode {
         match &self.direct {
-            Some(d) if !d.shared.refused.load(Ordering::Relaxed) => IoMode::Direct,
+            Some(d) if !d.disk().refused.load(Ordering::Relaxed) => IoMode::Direct,
             _ => IoMode::Buffered,
         }
     }
@@ -412,14 +345,14 @@ impl FileStorage {
 impl Storage for FileStorage {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match &self.direct {
-            Some(d) => d.shared.staging.read(&*d.shared, buf, offset, false),
+            Some(d) => d.read(buf, offset, false),
             None => read_full(&self.file, buf, offset),
         }
     }
 
     fn read_stream(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match &self.direct {
-            Some(d) => d.shared.staging.read(&*d.shared, buf, offset, true),
+            Some(d) => d.read(buf, offset, true),
             None => read_full(&self.file, buf, offset),
         }
     }
@@ -448,7 +381,7 @@ impl Storage for FileStorage {
     fn len(&self) -> io::Result<u64> {
         let on_disk = self.file.metadata()?.len();
         Ok(match &self.direct {
-            Some(d) => on_disk.max(d.shared.staging.staged_end()),
+            Some(d) => on_disk.max(d.staged_end()),
             None => on_disk,
         })
     }
@@ -468,7 +401,7 @@ impl Storage for FileStorage {
 
     fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
         if let Some(d) = &self.direct {
-            d.shared.staging.discard(&*d.shared, offset, len)?;
+            d.discard(offset, len)?;
         }
         match self.fallocate(
             libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,

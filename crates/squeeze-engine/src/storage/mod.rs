@@ -7,12 +7,13 @@
 //! `allocate` reserves room so later writes inside it cannot fail for lack
 //! of space; `punch` frees room and the range reads as zeros afterwards.
 
+mod direct;
 mod file;
 mod sim;
 pub mod write_behind;
 
 pub use file::{FileStorage, IoMode, WRITE_BEHIND_CHUNK, WRITE_BEHIND_CHUNKS};
-pub use sim::{SimFaults, SimStorage};
+pub use sim::{SimFaults, SimStorage, SimWriteBehind, SimWriteBehindConfig};
 
 use std::io;
 

@@ -7,11 +7,20 @@
 //! `allocate` and `punch` refuse the arguments fallocate(2) refuses (an
 //! empty range: EINVAL), so an engine bug that asks for one fails here as
 //! it fails on a real file.
+//!
+//! [`SimWriteBehind`] puts the default I/O path over it: the write-behind
+//! staging pool and chunk writer `FileStorage` runs (`direct.rs`), with a
+//! seeded stand-in for the flusher threads, so crashes and kills also find
+//! chunks staged in memory and never written, or written late and in any
+//! order.
 
+use super::direct::Direct;
+use super::write_behind::{Disk, BLOCK};
 use super::Storage;
 use parking_lot::Mutex;
 use rand::Rng;
 use std::io;
+use std::sync::Arc;
 
 const PAGE: u64 = 4096;
 
@@ -349,5 +358,127 @@ impl Storage for SimStorage {
     fn free_bytes(&self) -> io::Result<Option<u64>> {
         let g = self.inner.lock();
         Ok(g.faults.capacity.map(|c| c.saturating_sub(g.allocated_end)))
+    }
+}
+
+/// A [`SimStorage`] as the write-behind pool sees it; it refuses what
+/// O_DIRECT refuses (unaligned offsets, lengths and buffers) by panicking:
+/// the pool must never ask for one.
+struct SimDisk(Arc<SimStorage>);
+
+impl Disk for SimDisk {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        Storage::read_at(&*self.0, buf, offset)
+    }
+
+    fn write_direct(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        assert!(
+            offset.is_multiple_of(BLOCK as u64)
+                && data.len().is_multiple_of(BLOCK)
+                && (data.as_ptr() as usize).is_multiple_of(BLOCK),
+            "a direct write must be block-aligned: {} bytes at {offset}",
+            data.len()
+        );
+        Storage::write_at(&*self.0, data, offset)
+    }
+}
+
+/// How [`SimWriteBehind`] stages: a tiny pool reaches eviction, partly
+/// written chunks and full queues in a few writes.
+#[derive(Clone, Copy, Debug)]
+pub struct SimWriteBehindConfig {
+    /// Bytes per chunk (a multiple of 4096).
+    pub chunk: usize,
+    /// Chunks in the pool (at least 1).
+    pub chunks: usize,
+    /// Seeds the stand-in for the flusher threads.
+    pub seed: u64,
+    /// After each write, the chance that each completed chunk still
+    /// waiting is written out (0: only eviction and sync write them).
+    pub write_out_chance: f64,
+    /// Real flusher threads, as `FileStorage` runs, instead of the seeded
+    /// stand-in (0): the races are real, and a seed no longer replays.
+    pub flusher_threads: usize,
+}
+
+/// The default I/O path under the simulator: the same write-behind code
+/// `FileStorage` runs (the staging pool and the `Direct` path that ties it
+/// to the disk), over a [`SimStorage`] instead of an O_DIRECT file, with a
+/// seeded stand-in for the flusher threads that writes completed chunks out
+/// late and in any order.
+///
+/// A power cut is the disk's [`SimStorage::crash`]: staged chunks never
+/// written out are lost, chunks written out but not synced are kept in any
+/// page-granular subset. A process kill is the disk's
+/// [`SimStorage::kill`]: what reached the disk survives (the page cache and
+/// the device outlive the process), staged chunks do not.
+pub struct SimWriteBehind {
+    direct: Direct<SimDisk>,
+}
+
+impl SimWriteBehind {
+    pub fn new(disk: Arc<SimStorage>, config: SimWriteBehindConfig) -> SimWriteBehind {
+        let direct = match config.flusher_threads {
+            0 => Direct::seeded(
+                SimDisk(disk),
+                config.chunk,
+                config.chunks,
+                config.seed,
+                config.write_out_chance,
+            ),
+            n => Direct::with_threads(SimDisk(disk), config.chunk, config.chunks, n)
+                .expect("spawning flusher threads"),
+        };
+        SimWriteBehind { direct }
+    }
+
+    /// The simulated disk under the pool (faults, crash, kill).
+    pub fn disk(&self) -> &Arc<SimStorage> {
+        &self.direct.disk().0
+    }
+
+    /// Staged bytes not yet written to the disk: what a kill now loses.
+    pub fn unwritten_bytes(&self) -> u64 {
+        self.direct.unwritten_bytes()
+    }
+}
+
+impl Storage for SimWriteBehind {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.direct.read(buf, offset, false)
+    }
+
+    fn read_stream(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.direct.read(buf, offset, true)
+    }
+
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.direct.write(&[data], offset)
+    }
+
+    fn write_parts_at(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
+        self.direct.write(parts, offset)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.direct.write_out()?;
+        self.disk().sync()
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.disk().len()?.max(self.direct.staged_end()))
+    }
+
+    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.disk().allocate(offset, len)
+    }
+
+    fn punch(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.direct.discard(offset, len)?;
+        self.disk().punch(offset, len)
+    }
+
+    fn physical_bytes(&self) -> io::Result<u64> {
+        self.disk().physical_bytes()
     }
 }

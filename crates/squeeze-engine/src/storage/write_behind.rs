@@ -348,8 +348,11 @@ impl WriteBehind {
 
     /// Writes every staged byte not yet in the file. Chunks stay staged
     /// (clean), so later appends to them need no read of the file.
+    /// Chunks go in file order (the pool's map has none), so the same
+    /// staging gives the same writes: the simulator replays seeds by them.
     pub fn write_out(&self, disk: &dyn Disk) -> io::Result<()> {
-        let chunks: Vec<Arc<Chunk>> = self.pool.lock().chunks.values().cloned().collect();
+        let mut chunks: Vec<Arc<Chunk>> = self.pool.lock().chunks.values().cloned().collect();
+        chunks.sort_by_key(|c| c.index);
         for c in chunks {
             let mut st = c.state.lock();
             self.write_dirty(disk, c.index, &mut st)?;
@@ -378,6 +381,16 @@ impl WriteBehind {
             st.valid.remove(lo, hi);
         }
         Ok(())
+    }
+
+    /// Staged bytes not yet written to the disk (each chunk's dirty span):
+    /// what a process kill loses. At most `chunk * capacity`.
+    pub fn unwritten_bytes(&self) -> u64 {
+        let chunks: Vec<Arc<Chunk>> = self.pool.lock().chunks.values().cloned().collect();
+        chunks
+            .iter()
+            .map(|c| c.state.lock().dirty.map_or(0, |(s, e)| (e - s) as u64))
+            .sum()
     }
 
     /// End of the highest staged byte (0 with nothing staged).
