@@ -95,13 +95,7 @@ fn every_usable_key_serves_a_tls_client() {
                 continue;
             }
         };
-        let mut q = timed("qemu-img");
-        q.arg("info")
-            .arg("--object")
-            .arg(qemu_tls_object(&certs))
-            .arg("--image-opts")
-            .arg(qemu_tls_image(&srv.socket, "vol"));
-        let (ok, out) = run_any(&mut q);
+        let (ok, out) = qemu_img_info_tls(&certs, &srv.socket, "vol");
         if !ok || !out.contains("1 GiB") {
             failures.push(format!("{name}: qemu-img over TLS failed:\n{out}"));
         }

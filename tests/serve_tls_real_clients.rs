@@ -132,13 +132,7 @@ fn plaintext_and_untrusting_clients_are_refused() {
     assert!(out.contains("TLS"), "{out}");
     // A client trusting another CA gives up in the TLS handshake (qemu:
     // libnbd 1.14 does not check the server's certificate on Unix sockets).
-    let mut cmd = timed("qemu-img");
-    cmd.arg("info")
-        .arg("--object")
-        .arg(qemu_tls_object(&other))
-        .arg("--image-opts")
-        .arg(qemu_tls_image(&srv.socket, "vol"));
-    let (ok, out) = run_any(&mut cmd);
+    let (ok, out) = qemu_img_info_tls(&other, &srv.socket, "vol");
     assert!(!ok, "a client trusting another CA was served:\n{out}");
     assert!(out.contains("issuer"), "{out}");
 
@@ -203,14 +197,8 @@ fn client_certificates_are_required_with_a_client_ca() {
     let srv = Serve::start(&w, &strs(&args));
     let info = run(timed("nbdinfo").arg(nbds_uri(&srv.socket, "vol", &certs)));
     assert!(info.contains("with TLS"), "{info}");
-    let mut cmd = timed("qemu-img");
-    cmd.arg("info")
-        .arg("--object")
-        .arg(qemu_tls_object(&certs))
-        .arg("--image-opts")
-        .arg(qemu_tls_image(&srv.socket, "vol"));
-    let out = run(&mut cmd);
-    assert!(out.contains("1 GiB"), "{out}");
+    let (ok, out) = qemu_img_info_tls(&certs, &srv.socket, "vol");
+    assert!(ok && out.contains("1 GiB"), "{out}");
     let (ok, out) = run_any(timed("nbdinfo").arg(nbds_uri(&srv.socket, "vol", &anon)));
     assert!(!ok, "a client without a certificate was served:\n{out}");
     srv.stop();

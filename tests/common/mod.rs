@@ -603,6 +603,18 @@ pub fn qemu_tls_image(socket: &Path, name: &str) -> String {
     )
 }
 
+/// `qemu-img info` of export `name` over TLS with the client certificates
+/// in `certs`; returns (success, output).
+pub fn qemu_img_info_tls(certs: &Path, socket: &Path, name: &str) -> (bool, String) {
+    let mut cmd = timed("qemu-img");
+    cmd.arg("info")
+        .arg("--object")
+        .arg(qemu_tls_object(certs))
+        .arg("--image-opts")
+        .arg(qemu_tls_image(socket, name));
+    run_any(&mut cmd)
+}
+
 /// qemu-io over TLS; returns (success, output) like `qemu_io`.
 pub fn qemu_io_tls(certs: &Path, socket: &Path, name: &str, cmds: &[&str]) -> (bool, String) {
     let mut cmd = timed("qemu-io");

@@ -94,48 +94,26 @@ fn item_header(
     seq: u64,
     payload_crc: u32,
 ) -> RecordHeader {
-    match item {
-        Item::Zero { lba, sectors } => RecordHeader {
-            kind: RecordKind::Zero,
-            codec: CodecId::None,
-            seq,
-            uuid: *uuid,
-            lba: *lba,
-            sectors: *sectors as u32,
-            stored_len: 0,
-            aux: 0,
-            payload_crc: 0,
-        },
+    // Zero records carry no payload; a relocation names the record it
+    // copies (aux), an extent nothing.
+    let (kind, lba, sectors, aux) = match item {
+        Item::Zero { lba, sectors } => (RecordKind::Zero, *lba, *sectors as u32, 0),
         Item::Moved {
             lba, sectors, from, ..
-        } => {
-            let (codec, payload) = item.payload(buf);
-            RecordHeader {
-                kind: RecordKind::Relocate,
-                codec,
-                seq,
-                uuid: *uuid,
-                lba: *lba,
-                sectors: *sectors,
-                stored_len: payload.len() as u32,
-                aux: *from,
-                payload_crc,
-            }
-        }
-        Item::Blob { lba, sectors, .. } => {
-            let (codec, payload) = item.payload(buf);
-            RecordHeader {
-                kind: RecordKind::Extent,
-                codec,
-                seq,
-                uuid: *uuid,
-                lba: *lba,
-                sectors: *sectors,
-                stored_len: payload.len() as u32,
-                aux: 0,
-                payload_crc,
-            }
-        }
+        } => (RecordKind::Relocate, *lba, *sectors, *from),
+        Item::Blob { lba, sectors, .. } => (RecordKind::Extent, *lba, *sectors, 0),
+    };
+    let (codec, payload) = item.payload(buf);
+    RecordHeader {
+        kind,
+        codec,
+        seq,
+        uuid: *uuid,
+        lba,
+        sectors,
+        stored_len: payload.len() as u32,
+        aux,
+        payload_crc,
     }
 }
 
