@@ -143,7 +143,8 @@ struct Run {
     lba: u64,
     sectors: u32,
     from: u64,
-    raw: Arc<Vec<u8>>,
+    /// Where its bytes start in the pending decompressed records.
+    start: usize,
 }
 
 /// Relocates everything still live in segment `s`.
@@ -186,6 +187,9 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
     let mut items: Vec<Item> = Vec::new();
     let mut pending_bytes = 0usize;
     let mut runs: Vec<Run> = Vec::new();
+    // The partly live records, decompressed back to back: the runs' bytes,
+    // handed to the compression engine as they are (no gathering copy).
+    let mut raw: Vec<u8> = Vec::new();
     for rec in RecordScan::new(&buf, inner.uuid, Stride::Record) {
         let h = rec.header;
         if !h.kind.has_payload() {
@@ -226,15 +230,19 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
             });
             rep.sectors_moved += u64::from(h.sectors);
         } else {
-            let mut raw = vec![0u8; h.raw_len()];
+            let base = raw.len();
+            raw.resize(base + h.raw_len(), 0);
             if h.codec == CodecId::None {
-                raw.copy_from_slice(payload);
-            } else if let Err(e) = squeeze_codec::decompress(h.codec, payload, &mut raw) {
+                raw[base..].copy_from_slice(payload);
+            } else if let Err(e) = squeeze_codec::decompress(h.codec, payload, &mut raw[base..]) {
                 tracing::warn!("cleaner: record at {rec_abs} does not decompress: {e}");
                 rep.corrupt_records += 1;
+                raw.truncate(base);
                 continue;
             }
-            let raw = Arc::new(raw);
+            // The whole record is held until the batch goes out (its dead
+            // sectors too), so it counts whole against the batch's bound.
+            pending_bytes += h.raw_len();
             let mut i = 0;
             while i < live.len() {
                 if !live[i] {
@@ -249,24 +257,23 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
                     lba: h.lba + i as u64,
                     sectors: (j - i) as u32,
                     from: rec_abs,
-                    raw: if i == 0 && j == live.len() {
-                        raw.clone()
-                    } else {
-                        Arc::new(raw[i * SECTOR_SIZE..j * SECTOR_SIZE].to_vec())
-                    },
+                    start: base + i * SECTOR_SIZE,
                 });
                 rep.sectors_moved += (j - i) as u64;
-                pending_bytes += (j - i) * SECTOR_SIZE;
                 i = j;
             }
         }
         rep.records_moved += 1;
         if pending_bytes >= APPEND_BYTES_MAX {
-            flush_items(inner, &mut items, &mut runs, recompress, &policy, &mut rep)?;
+            flush_items(
+                inner, &mut items, &mut runs, &mut raw, recompress, &policy, &mut rep,
+            )?;
             pending_bytes = 0;
         }
     }
-    flush_items(inner, &mut items, &mut runs, recompress, &policy, &mut rep)?;
+    flush_items(
+        inner, &mut items, &mut runs, &mut raw, recompress, &policy, &mut rep,
+    )?;
     Ok(rep)
 }
 
@@ -278,6 +285,7 @@ fn flush_items(
     inner: &Inner,
     items: &mut Vec<Item>,
     runs: &mut Vec<Run>,
+    raw: &mut Vec<u8>,
     recompress: Option<Algorithm>,
     policy: &ActivePolicy,
     rep: &mut CleanReport,
@@ -291,17 +299,24 @@ fn flush_items(
             }),
             None => *policy,
         };
-        let mut buf = Vec::with_capacity(runs.iter().map(|r| r.raw.len()).sum());
-        let mut pieces = Vec::with_capacity(runs.len());
-        for r in runs.iter() {
-            pieces.push(Piece::Data {
+        let pieces: Vec<Piece> = runs
+            .iter()
+            .map(|r| Piece::Data {
                 lba: r.lba,
                 sectors: r.sectors,
-                start: buf.len(),
-            });
-            buf.extend_from_slice(&r.raw);
-        }
-        let (encoded, cpu_ns) = encode(&*inner.engine, &policy, Hint::None, &buf, None, &pieces);
+                start: r.start,
+            })
+            .collect();
+        // Shared with the engine's jobs as it is (no copy for them either).
+        let buf = Arc::new(std::mem::take(raw));
+        let (encoded, cpu_ns) = encode(
+            &*inner.engine,
+            &policy,
+            Hint::None,
+            &buf,
+            Some((&buf, 0)),
+            &pieces,
+        );
         inner.counters.add(Counter::CompressNs, cpu_ns);
         for (r, it) in runs.drain(..).zip(encoded) {
             let Item::Blob { payload, .. } = it else {
@@ -309,7 +324,10 @@ fn flush_items(
             };
             let (codec, payload, recompressed) = match payload {
                 Payload::Compressed { codec, data, .. } => (codec, data, recompress.is_some()),
-                Payload::Raw { .. } => (CodecId::None, Arc::unwrap_or_clone(r.raw), false),
+                Payload::Raw { start } => {
+                    let len = r.sectors as usize * SECTOR_SIZE;
+                    (CodecId::None, buf[start..start + len].to_vec(), false)
+                }
             };
             rep.recompressed += u64::from(recompressed);
             items.push(Item::Moved {
