@@ -40,15 +40,6 @@ openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateseri
     true
 }
 
-fn tls_args(certs: &Path) -> Vec<String> {
-    vec![
-        "--tls-cert".into(),
-        certs.join("server-cert.pem").display().to_string(),
-        "--tls-key".into(),
-        certs.join("server-key.pem").display().to_string(),
-    ]
-}
-
 /// Keys the server must take: (name, openssl command writing server-key.pem).
 const USABLE: &[(&str, &str)] = &[
     (

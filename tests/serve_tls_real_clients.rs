@@ -10,15 +10,6 @@ mod common;
 use common::*;
 use std::path::Path;
 
-fn tls_args(certs: &Path) -> Vec<String> {
-    vec![
-        "--tls-cert".into(),
-        certs.join("server-cert.pem").display().to_string(),
-        "--tls-key".into(),
-        certs.join("server-key.pem").display().to_string(),
-    ]
-}
-
 fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }

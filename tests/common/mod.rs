@@ -603,6 +603,17 @@ pub fn qemu_tls_image(socket: &Path, name: &str) -> String {
     )
 }
 
+/// `squeeze serve`'s TLS arguments for the server certificate and key in
+/// `certs`.
+pub fn tls_args(certs: &Path) -> Vec<String> {
+    vec![
+        "--tls-cert".into(),
+        certs.join("server-cert.pem").display().to_string(),
+        "--tls-key".into(),
+        certs.join("server-key.pem").display().to_string(),
+    ]
+}
+
 /// `qemu-img info` of export `name` over TLS with the client certificates
 /// in `certs`; returns (success, output).
 pub fn qemu_img_info_tls(certs: &Path, socket: &Path, name: &str) -> (bool, String) {
