@@ -106,6 +106,12 @@ fn der(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     Some((tag, &rest[..len], &rest[len..]))
 }
 
+/// The next element if it carries tag `want`: its contents and what follows.
+fn der_tagged(input: &[u8], want: u8) -> Option<(&[u8], &[u8])> {
+    let (tag, body, rest) = der(input)?;
+    (tag == want).then_some((body, rest))
+}
+
 const SEQUENCE: u8 = 0x30;
 const INTEGER: u8 = 0x02;
 const OCTET_STRING: u8 = 0x04;
@@ -119,27 +125,15 @@ fn integer_bits(v: &[u8]) -> Option<usize> {
 
 /// PKCS#1 RSAPrivateKey: SEQUENCE { version, modulus, ... }.
 fn rsa_modulus_bits(pkcs1: &[u8]) -> Option<usize> {
-    let (tag, body, _) = der(pkcs1)?;
-    if tag != SEQUENCE {
-        return None;
-    }
-    let (tag, _version, rest) = der(body)?;
-    if tag != INTEGER {
-        return None;
-    }
-    let (tag, n, _) = der(rest)?;
-    if tag != INTEGER {
-        return None;
-    }
+    let (body, _) = der_tagged(pkcs1, SEQUENCE)?;
+    let (_version, rest) = der_tagged(body, INTEGER)?;
+    let (n, _) = der_tagged(rest, INTEGER)?;
     integer_bits(n)
 }
 
 /// SEC1 ECPrivateKey: SEQUENCE { version, privateKey, [0] curve OID, ... }.
 fn sec1_curve(sec1: &[u8]) -> Option<String> {
-    let (tag, body, _) = der(sec1)?;
-    if tag != SEQUENCE {
-        return None;
-    }
+    let (body, _) = der_tagged(sec1, SEQUENCE)?;
     let (_, _version, rest) = der(body)?;
     let (_, _private, mut rest) = der(rest)?;
     while let Some((tag, value, more)) = der(rest) {
@@ -156,19 +150,10 @@ fn sec1_curve(sec1: &[u8]) -> Option<String> {
 /// parameters }, OCTET STRING privateKey, ... }.
 fn pkcs8_kind(pkcs8: &[u8]) -> KeyKind {
     let parse = || -> Option<KeyKind> {
-        let (tag, body, _) = der(pkcs8)?;
-        if tag != SEQUENCE {
-            return None;
-        }
+        let (body, _) = der_tagged(pkcs8, SEQUENCE)?;
         let (_, _version, rest) = der(body)?;
-        let (tag, alg, rest) = der(rest)?;
-        if tag != SEQUENCE {
-            return None;
-        }
-        let (tag, oid, params) = der(alg)?;
-        if tag != OID {
-            return None;
-        }
+        let (alg, rest) = der_tagged(rest, SEQUENCE)?;
+        let (oid, params) = der_tagged(alg, OID)?;
         let inner = der(rest).and_then(|(t, v, _)| (t == OCTET_STRING).then_some(v));
         Some(match oid {
             // rsaEncryption, 1.2.840.113549.1.1.1
