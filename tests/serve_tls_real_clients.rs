@@ -8,7 +8,6 @@
 mod common;
 
 use common::*;
-use std::path::Path;
 
 fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
