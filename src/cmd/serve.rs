@@ -67,6 +67,13 @@ pub struct Args {
     /// compact` still merges. Saves device writes at the cost of ratio.
     #[arg(long)]
     pub no_idle_merge: bool,
+    /// Always compress writes with the policy's algorithm. By default a
+    /// write batch takes a faster codec of the ladder under it (zstd:3 ->
+    /// zstd:1 -> lz4 -> raw) while the compression threads are behind, and
+    /// the bytes written so are recompressed with the policy's algorithm
+    /// when clients are idle (docs/ARCHITECTURE.md, "Adaptive write codec").
+    #[arg(long)]
+    pub no_adapt: bool,
     /// Server certificate chain (PEM, leaf first) for TLS (NBD_OPT_STARTTLS).
     /// With --tls-key; TLS is then required unless --tls-mode allow.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -210,6 +217,7 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
             OpenOptions {
                 background: true,
                 no_idle_merge: a.no_idle_merge,
+                no_adapt: a.no_adapt,
                 ..Default::default()
             },
         )
@@ -748,6 +756,30 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
         "Logical bytes the merger rewrote as whole blobs while clients were idle.",
         "counter",
         |s: &VolumeStats| s.merged_bytes
+    );
+    m!(
+        "below_target_bytes_total",
+        "Raw bytes of client writes stored with a faster codec than the policy's while the compression threads were behind.",
+        "counter",
+        |s: &VolumeStats| s.below_target_bytes
+    );
+    m!(
+        "below_target_pending_bytes",
+        "Raw bytes written below the policy's codec that the idle upgrade has still to rewrite (upper bound).",
+        "gauge",
+        |s: &VolumeStats| s.below_target_pending_bytes
+    );
+    m!(
+        "upgraded_bytes_total",
+        "Raw bytes the idle upgrade rewrote with the policy's codec.",
+        "counter",
+        |s: &VolumeStats| s.upgraded_bytes
+    );
+    m!(
+        "upgrade_seconds_total",
+        "Wall-clock seconds the idle upgrade spent (upgraded_bytes_total over it is the upgrade rate).",
+        "counter",
+        |s: &VolumeStats| s.upgrade_seconds
     );
     m!(
         "write_amplification",

@@ -113,6 +113,21 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         human(s.merge_bytes_written)
     );
     outln!(
+        "adaptive codec         writes now {}; {} written below target, {} pending, {} upgraded{}",
+        s.write_algorithm,
+        human(s.below_target_bytes),
+        human(s.below_target_pending_bytes),
+        human(s.upgraded_bytes),
+        if s.upgrade_seconds > 0.0 {
+            format!(
+                " at {:.0} MB/s",
+                s.upgraded_bytes as f64 / 1e6 / s.upgrade_seconds
+            )
+        } else {
+            String::new()
+        }
+    );
+    outln!(
         "map memory             {} ({:.2} bytes per mapped sector)",
         human(s.map_memory_bytes),
         s.map_bytes_per_mapped_sector

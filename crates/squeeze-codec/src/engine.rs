@@ -109,6 +109,14 @@ pub trait CompressEngine: Send + Sync {
     /// Number of worker threads (or hardware queues) behind the engine.
     fn threads(&self) -> usize;
 
+    /// Raw bytes submitted and not yet started: the engine's backlog, the
+    /// signal of the write path's adaptive codec
+    /// (`squeeze_engine::pipeline::adapt`). An engine that cannot tell
+    /// answers 0, and writes then always get the target codec.
+    fn backlog_bytes(&self) -> u64 {
+        0
+    }
+
     /// Submits a batch; `done` is called exactly once, from any thread, with
     /// the results in job order. May block while the engine is full. `done`
     /// must not block on this engine (e.g. submit and wait) — it may run on

@@ -11,6 +11,8 @@
 //! Invariants:
 //! - At most `threads * TASKS_IN_FLIGHT_PER_THREAD` jobs are queued;
 //!   `submit` blocks while the queue is full (the limit on work in flight).
+//! - `backlog_bytes` = raw bytes of the jobs pushed and not yet popped
+//!   (counted before the push and after the pop, so never negative).
 //! - A batch's jobs spread over all workers; each worker writes its job's
 //!   own result slot, then decrements the batch's `remaining` counter; the
 //!   worker that brings it to zero collects the slots in job order and
@@ -53,6 +55,9 @@ struct Task {
 struct Counters {
     failed_jobs: AtomicU64,
     done_panics: AtomicU64,
+    /// Raw bytes of the queued jobs (added before a push, taken off after
+    /// the pop), the engine's backlog.
+    queued_bytes: AtomicU64,
 }
 
 /// A bounded multi-producer multi-consumer queue that parks idle consumers.
@@ -178,6 +183,10 @@ impl CompressEngine for CpuPool {
         self.workers.len()
     }
 
+    fn backlog_bytes(&self) -> u64 {
+        self.counters.queued_bytes.load(Ordering::Relaxed)
+    }
+
     fn submit(&self, alg: Algorithm, jobs: Vec<Job>, done: Done) {
         for (i, job) in jobs.iter().enumerate() {
             assert!(
@@ -200,6 +209,8 @@ impl CompressEngine for CpuPool {
             done: Mutex::new(Some(done)),
         });
         for index in 0..n {
+            let len = batch.jobs[index].range.len() as u64;
+            self.counters.queued_bytes.fetch_add(len, Ordering::Relaxed);
             self.queue.push(Task {
                 batch: Arc::clone(&batch),
                 index,
@@ -300,6 +311,9 @@ fn worker(queue: &Queue<Task>, counters: Arc<Counters>) {
     let mut scratch = Vec::new();
     while let Some(Task { batch, index }) = queue.pop() {
         let job = &batch.jobs[index];
+        counters
+            .queued_bytes
+            .fetch_sub(job.range.len() as u64, Ordering::Relaxed);
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             let compressor = match compressors.entry(batch.alg) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),

@@ -139,6 +139,15 @@ impl Inner {
                 let Some(i) = p.item else { continue };
                 let h = item_header(&inner.uuid, &items[i], buf, p.seq, crcs[i]);
                 st.apply(&h, p.offset, inner.seg_size);
+                if let Item::Blob {
+                    sectors,
+                    below_target: true,
+                    ..
+                } = &items[i]
+                {
+                    st.usage
+                        .note_below_target(p.segment, u64::from(*sectors) * SECTOR);
+                }
             }
         }
         inner.tickets.complete(ticket);
@@ -151,9 +160,15 @@ impl Inner {
                     c.add(Counter::RecompressedBlobs, u64::from(*recompressed));
                 }
                 Item::Blob {
-                    sectors, outcome, ..
+                    sectors,
+                    outcome,
+                    below_target,
+                    ..
                 } => {
                     let raw = u64::from(*sectors) * SECTOR;
+                    if *below_target {
+                        c.add(Counter::BelowTargetBytes, raw);
+                    }
                     let (codec, payload) = it.payload(buf);
                     if room == Room::Merge {
                         c.add(Counter::MergedSectors, u64::from(*sectors));

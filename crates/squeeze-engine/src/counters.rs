@@ -45,9 +45,12 @@ counters! {
     CleanerNs = 25, "Wall-clock nanoseconds the cleaner spent cleaning victims.";
     MergedSectors = 26, "Sectors the merger rewrote as whole blobs.";
     MergedBytes = 27, "Record bytes the merger appended.";
+    BelowTargetBytes = 28, "Raw bytes of client blobs written with a faster codec than the policy's (the adaptive codec under load).";
+    UpgradedBytes = 29, "Raw bytes the upgrade rewrote with the policy's codec.";
+    UpgradeNs = 30, "Wall-clock nanoseconds the upgrade spent.";
 }
 
-pub const COUNTERS: usize = 28;
+pub const COUNTERS: usize = 31;
 
 #[derive(Default)]
 pub struct Counters {

@@ -66,6 +66,26 @@ pub struct VolumeStats {
     /// Record bytes those rewrites appended to the log.
     #[serde(default)]
     pub merge_bytes_written: u64,
+    /// Raw bytes of client data written with a faster codec than the
+    /// policy's because the compression engine was behind (the adaptive
+    /// codec), since the volume was created.
+    #[serde(default)]
+    pub below_target_bytes: u64,
+    /// Raw bytes written below the target that the upgrade has still to
+    /// rewrite (an upper bound: some may be overwritten already; in memory,
+    /// so 0 after a reopen).
+    #[serde(default)]
+    pub below_target_pending_bytes: u64,
+    /// Raw bytes the upgrade rewrote with the policy's codec.
+    #[serde(default)]
+    pub upgraded_bytes: u64,
+    /// Wall-clock seconds the upgrade spent.
+    #[serde(default)]
+    pub upgrade_seconds: f64,
+    /// The codec a client write batch would get now (the target, or a
+    /// rung under it while the engine is behind).
+    #[serde(default)]
+    pub write_algorithm: String,
     /// Dead bytes in sealed log segments (what cleaning can reclaim).
     pub garbage_bytes: u64,
     pub segment_size: u64,
@@ -77,9 +97,21 @@ pub struct VolumeStats {
 /// A point-in-time view of the counters and space.
 pub(crate) fn collect(inner: &Inner) -> VolumeStats {
     let c = &inner.counters;
-    let (mapped, stored, map_mem) = {
+    let (mapped, stored, map_mem, below_pending) = {
         let st = inner.state.read();
-        (st.map.mapped(), st.usage.live_bytes, st.map.memory_bytes())
+        (
+            st.map.mapped(),
+            st.usage.live_bytes,
+            st.map.memory_bytes(),
+            st.usage.below_target_total(),
+        )
+    };
+    let write_algorithm = {
+        let p = inner.policy.read();
+        match &p.adapt {
+            Some(a) => a.current().to_string(),
+            None => p.algorithm.to_string(),
+        }
     };
     let (segments_total, segments_free, available) = {
         let log = inner.log.lock();
@@ -156,6 +188,11 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         recompressed_blobs: c.get(Counter::RecompressedBlobs),
         merged_bytes: c.get(Counter::MergedSectors) * SECTOR,
         merge_bytes_written: c.get(Counter::MergedBytes),
+        below_target_bytes: c.get(Counter::BelowTargetBytes),
+        below_target_pending_bytes: below_pending,
+        upgraded_bytes: c.get(Counter::UpgradedBytes),
+        upgrade_seconds: c.get(Counter::UpgradeNs) as f64 / 1e9,
+        write_algorithm,
         garbage_bytes: crate::space::cleaner::garbage(inner).0,
         segment_size: inner.seg_size,
         map_memory_bytes: map_mem,

@@ -100,6 +100,13 @@ pub struct OpenOptions {
     /// With `background`: do not merge fragmented windows while clients
     /// are idle (the cleaner still runs; [`Volume::merge`] still works).
     pub no_idle_merge: bool,
+    /// Always compress client writes with the policy's algorithm, even when
+    /// the compression engine falls behind. By default (false) a write
+    /// batch may take a faster rung of the ladder under it
+    /// (`pipeline::adapt`), which the maintenance thread upgrades while
+    /// clients are idle: clients do not wait on compression they could
+    /// skip, and the volume converges to the target's ratio.
+    pub no_adapt: bool,
 }
 
 /// A squeeze volume. Safe for many concurrent callers.
@@ -247,7 +254,7 @@ impl Volume {
             uuid: sb.uuid,
             logical_size: sb.logical_size,
             seg_size: u64::from(sb.segment_size),
-            policy: RwLock::new(ActivePolicy::new(sb.policy)),
+            policy: RwLock::new(ActivePolicy::with_adaptation(sb.policy, !open.no_adapt)),
             sb: Mutex::new(sb),
             engine,
             log: Mutex::new(log),
@@ -321,7 +328,8 @@ impl Volume {
         let mut sb = self.inner.sb.lock();
         sb.policy = policy;
         sbio::write(&*self.inner.storage, &mut sb).inspect_err(|e| self.inner.poison(e))?;
-        *self.inner.policy.write() = ActivePolicy::new(policy);
+        let mut active = self.inner.policy.write();
+        *active = ActivePolicy::with_adaptation(policy, active.adapt.is_some());
         Ok(())
     }
 

@@ -71,7 +71,7 @@ impl Inner {
         hint: Hint,
         zeros: Zeros,
     ) -> Result<()> {
-        let policy = *self.policy.read();
+        let policy = self.policy.read().clone();
         let max_blob = policy.max_blob_sectors();
         let batch =
             BATCH_BYTES_MAX / policy.policy.max_blob as usize * policy.policy.max_blob as usize;
@@ -87,7 +87,8 @@ impl Inner {
                 .sum();
             self.counters.add(Counter::ZeroSectorsWritten, zero_sectors);
             let shared = shared.map(|(a, base)| (a, base + k * batch));
-            let (items, cpu_ns) = encode(&*self.engine, &policy, hint, chunk, shared, &pieces);
+            let alg = policy.write_algorithm(&*self.engine);
+            let (items, cpu_ns) = encode(&*self.engine, &policy, alg, hint, chunk, shared, &pieces);
             self.counters.add(Counter::CompressNs, cpu_ns);
             append_making_room(self, &items, chunk, Room::Data)?;
         }

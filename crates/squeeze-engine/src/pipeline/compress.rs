@@ -4,7 +4,7 @@
 
 use super::policy::{output_limit, plan, ActivePolicy, Hint, Plan};
 use super::split::Piece;
-use squeeze_codec::{CompressEngine, Job, JobOutput, JobResult};
+use squeeze_codec::{Algorithm, CompressEngine, Job, JobOutput, JobResult};
 use squeeze_format::{CodecId, SECTOR_SIZE};
 use std::sync::{mpsc, Arc};
 
@@ -45,6 +45,9 @@ pub enum Item {
         sectors: u32,
         payload: Payload,
         outcome: Outcome,
+        /// Written with a faster rung than the policy's target (the
+        /// adaptive codec under load): the upgrade rewrites it when idle.
+        below_target: bool,
     },
     /// The cleaner's copy of (part of) the extent record at byte `from`.
     Moved {
@@ -89,8 +92,11 @@ impl Item {
     }
 }
 
-/// Encodes the pieces of `buf`. Returns the items and the CPU nanoseconds
-/// the codec spent.
+/// Encodes the pieces of `buf` with `alg`: the policy's target, or for
+/// client writes under load a rung of the ladder under it
+/// ([`ActivePolicy::write_algorithm`]); with a rung of codec none the blobs
+/// the policy would compress are stored raw. Returns the items and the CPU
+/// nanoseconds the codec spent.
 ///
 /// The engine's jobs need an owned input: `shared`, when given, is a buffer
 /// that `buf` is the bytes `base..base + buf.len()` of, handed to the jobs
@@ -109,20 +115,33 @@ impl Item {
 pub fn encode(
     engine: &dyn CompressEngine,
     policy: &ActivePolicy,
+    alg: Algorithm,
     hint: Hint,
     buf: &[u8],
     shared: Option<(&Arc<Vec<u8>>, usize)>,
     pieces: &[Piece],
 ) -> (Vec<Item>, u64) {
-    let (items, jobs, job_items) = prepare(policy, hint, buf, shared, pieces);
-    let codec = policy.algorithm.codec;
+    let below_target = alg != policy.algorithm;
+    let (mut items, jobs, job_items) = prepare(policy, hint, buf, shared, pieces);
+    if alg.codec == CodecId::None {
+        // The bottom rung: what the target would have compressed goes raw.
+        for &i in &job_items {
+            if let Item::Blob {
+                below_target: b, ..
+            } = &mut items[i]
+            {
+                *b = below_target;
+            }
+        }
+        return (items, 0);
+    }
     let results = match jobs.len() {
         0 => return (items, 0),
-        1 => engine.compress_batch(policy.algorithm, jobs),
+        1 => engine.compress_batch(alg, jobs),
         _ => {
             let (tx, rx) = mpsc::sync_channel(1);
             engine.submit(
-                policy.algorithm,
+                alg,
                 jobs,
                 Box::new(move |results| {
                     // The receiver waits below until it has them.
@@ -133,7 +152,7 @@ pub fn encode(
                 .expect("engine dropped a batch without calling done")
         }
     };
-    collect(items, &job_items, results, codec)
+    collect(items, &job_items, results, alg.codec, below_target)
 }
 
 /// The items of `pieces` (blobs as Raw for now), the jobs for the blobs the
@@ -183,6 +202,7 @@ fn prepare(
                     sectors,
                     payload: Payload::Raw { start },
                     outcome: Outcome::NotTried,
+                    below_target: false,
                 });
             }
         }
@@ -197,16 +217,22 @@ fn collect(
     job_items: &[usize],
     results: Vec<JobResult>,
     codec: CodecId,
+    below_target: bool,
 ) -> (Vec<Item>, u64) {
     let mut cpu_ns = 0;
     for (r, &i) in results.into_iter().zip(job_items) {
         cpu_ns += r.cpu_ns;
         let Item::Blob {
-            payload, outcome, ..
+            payload,
+            outcome,
+            below_target: b,
+            ..
         } = &mut items[i]
         else {
             unreachable!("job for a zero piece");
         };
+        // A blob the heuristic skipped would be raw with the target too.
+        *b = below_target && !matches!(r.output, JobOutput::Skipped);
         match r.output {
             JobOutput::Compressed(data) => {
                 *payload = Payload::Compressed {

@@ -1,8 +1,10 @@
 //! The write pipeline, one stage per module, in data-path order:
 //! [`split`] (sectors -> zero runs and blobs) -> [`policy`] (mode, hints,
-//! required ratio) -> [`compress`] (batch through the compression engine).
+//! required ratio; [`adapt`]: the rung of the codec ladder under load) ->
+//! [`compress`] (batch through the compression engine).
 //! The volume then appends the encoded blobs to the log.
 
+pub mod adapt;
 pub mod compress;
 pub mod policy;
 pub mod split;

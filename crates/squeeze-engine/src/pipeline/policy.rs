@@ -15,8 +15,10 @@
 //! alignment) are at most `required_ratio` x its raw size; otherwise it is
 //! stored raw and counted as rejected.
 
-use squeeze_codec::Algorithm;
+use super::adapt::{AdaptiveCodec, LAW_DEFAULT};
+use squeeze_codec::{Algorithm, CompressEngine};
 use squeeze_format::{CompressionMode, Policy, RECORD_ALIGN, RECORD_HEADER_SIZE};
+use std::sync::Arc;
 
 /// What the writer knows about its data.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -27,20 +29,47 @@ pub enum Hint {
     Incompressible,
 }
 
-/// The policy in force, with its algorithm resolved.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The policy in force, with its algorithm resolved (the target), and the
+/// adaptive codec that may write client data below it under load.
+#[derive(Clone, Debug)]
 pub struct ActivePolicy {
     pub policy: Policy,
+    /// The target algorithm: what the policy asks for.
     pub algorithm: Algorithm,
+    /// The ladder under the target and its control law (None: writes
+    /// always get the target).
+    pub adapt: Option<Arc<AdaptiveCodec>>,
 }
 
 impl ActivePolicy {
+    /// The policy without adaptation: every blob gets the target.
     pub fn new(policy: Policy) -> ActivePolicy {
         ActivePolicy {
             policy,
             algorithm: Algorithm::new(policy.codec, policy.level),
+            adapt: None,
         }
     }
+
+    /// The policy with the adaptive codec when `adaptive` (a target of
+    /// none has a ladder of one rung).
+    pub fn with_adaptation(policy: Policy, adaptive: bool) -> ActivePolicy {
+        let mut p = ActivePolicy::new(policy);
+        if adaptive {
+            p.adapt = Some(Arc::new(AdaptiveCodec::new(p.algorithm, LAW_DEFAULT)));
+        }
+        p
+    }
+
+    /// The algorithm for a client write batch about to go to `engine`: the
+    /// target, or a faster rung of the ladder when the engine is behind.
+    pub fn write_algorithm(&self, engine: &dyn CompressEngine) -> Algorithm {
+        match &self.adapt {
+            Some(a) => a.choose(engine),
+            None => self.algorithm,
+        }
+    }
+
     pub fn max_blob_sectors(&self) -> u32 {
         self.policy.max_blob / squeeze_format::SECTOR_SIZE as u32
     }

@@ -177,7 +177,7 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
         rep.bytes_live_before = inner.state.read().usage.get(s).live_bytes;
         inner.storage.read_at(&mut buf, seg_off)?;
     }
-    let policy = *inner.policy.read();
+    let policy = inner.policy.read().clone();
     let recompress = (policy.policy.recompress_codec != CodecId::None).then(|| {
         Algorithm::new(
             policy.policy.recompress_codec,
@@ -297,7 +297,7 @@ fn flush_items(
                 level: a.level,
                 ..policy.policy
             }),
-            None => *policy,
+            None => policy.clone(),
         };
         let pieces: Vec<Piece> = runs
             .iter()
@@ -312,6 +312,7 @@ fn flush_items(
         let (encoded, cpu_ns) = encode(
             &*inner.engine,
             &policy,
+            policy.algorithm,
             Hint::None,
             &buf,
             Some((&buf, 0)),

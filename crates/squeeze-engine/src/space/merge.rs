@@ -121,7 +121,7 @@ fn fragmented(entries: &[MapEntry], max_blob_sectors: u32) -> bool {
 
 /// True when the policy compresses, so that merging can gain anything.
 pub(crate) fn worthwhile(inner: &Inner) -> bool {
-    let p = *inner.policy.read();
+    let p = inner.policy.read().clone();
     p.policy.mode != CompressionMode::None && p.algorithm.codec != CodecId::None
 }
 
@@ -130,7 +130,7 @@ pub(crate) fn worthwhile(inner: &Inner) -> bool {
 /// whether the sweep reached the end of the volume (the cursor is then back
 /// at LBA 0).
 pub(crate) fn step(inner: &Inner, cursor: &mut Cursor) -> Result<(MergeReport, bool)> {
-    let policy = *inner.policy.read();
+    let policy = inner.policy.read().clone();
     let w = u64::from(policy.max_blob_sectors());
     let total = inner.logical_size / SECTOR_SIZE as u64;
     let mut rep = MergeReport::default();
@@ -248,7 +248,16 @@ fn merge_span(
     if pieces.is_empty() {
         return Ok(rep);
     }
-    let (items, cpu_ns) = encode(&*inner.engine, policy, Hint::None, &buf, None, &pieces);
+    // Idle work: always the target, never a rung under it.
+    let (items, cpu_ns) = encode(
+        &*inner.engine,
+        policy,
+        policy.algorithm,
+        Hint::None,
+        &buf,
+        None,
+        &pieces,
+    );
     inner.counters.add(Counter::CompressNs, cpu_ns);
     let before = inner.counters.get(Counter::MergedBytes);
     append_making_room(inner, &items, &buf, Room::Merge)?;

@@ -6,6 +6,10 @@
 //! - live_bytes of a segment = sum of `stored_share` of the map entries that
 //!   point into it; live_sectors = number of such entries (kept by
 //!   `MapState::replace`, checked by `Volume::verify_accounting` in tests).
+//! - below_target of a segment = raw bytes of the blobs appended to it with
+//!   a codec below the policy's target since it last held no live sector
+//!   (an upper bound of what of it the upgrade has to rewrite; in memory
+//!   only: a reopened volume starts from 0, see docs/ARCHITECTURE.md).
 //! - A segment is reused only after a durable checkpoint no longer needs it:
 //!   it held no live sector in that checkpoint's snapshot and every record in
 //!   it precedes the checkpoint's replay position (so neither the checkpoint
@@ -114,6 +118,8 @@ pub struct Usage {
     segs: Vec<SegUsage>,
     /// Sum of live_bytes over all segments.
     pub live_bytes: u64,
+    /// Raw bytes written below the target per segment (see the module).
+    below_target: Vec<u64>,
 }
 
 impl Usage {
@@ -137,6 +143,31 @@ impl Usage {
         u.live_bytes -= e.stored_share();
         u.live_sectors -= 1;
         self.live_bytes -= e.stored_share();
+        if u.live_sectors == 0 {
+            if let Some(b) = self.below_target.get_mut(s as usize) {
+                *b = 0;
+            }
+        }
+    }
+
+    /// `raw` bytes of a blob just mapped into `s` were written below the
+    /// target codec.
+    pub fn note_below_target(&mut self, s: SegmentId, raw: u64) {
+        if self.below_target.len() <= s as usize {
+            self.below_target.resize(s as usize + 1, 0);
+        }
+        self.below_target[s as usize] += raw;
+    }
+
+    /// Raw bytes written below the target into `s` (an upper bound of what
+    /// is still live of them).
+    pub fn below_target(&self, s: SegmentId) -> u64 {
+        self.below_target.get(s as usize).copied().unwrap_or(0)
+    }
+
+    /// Sum of [`Usage::below_target`] over all segments.
+    pub fn below_target_total(&self) -> u64 {
+        self.below_target.iter().sum()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (SegmentId, SegUsage)> + '_ {

@@ -1,0 +1,429 @@
+//! Stage 2b: the adaptive write codec. The policy's algorithm stays the
+//! target; a write batch may be compressed with a faster rung of a ladder
+//! under it (zstd:3 -> zstd:1 -> lz4 -> stored raw) when the compression
+//! engine cannot keep up, so client writes do not queue behind compression
+//! they could have skipped. The maintenance thread later rewrites such
+//! bytes with the target (`space::cleaner::upgrade_pass`).
+//!
+//! The control law (docs/ARCHITECTURE.md, "Adaptive write codec"), run
+//! once per batch before it is submitted:
+//!
+//! - Signal: the engine's backlog ([`CompressEngine::backlog_bytes`], raw
+//!   bytes submitted and not yet started) per worker thread, smoothed by
+//!   an exponential moving average with time constant [`Law::tau_ns`]. A
+//!   client that the engine keeps up with finds the queue (nearly) empty
+//!   whenever it submits: the signal stays low.
+//! - Down (faster codec) one rung once the backlog, smoothed and as
+//!   sampled, has stayed at or above `down_at` for `down_hold_ns` (a
+//!   sustained overload, not one burst meeting another: one sample below
+//!   starts the hold again).
+//! - Up (slower codec) one rung once it has stayed at or below `up_at`
+//!   for the current up-hold.
+//! - Hysteresis: `up_at` < `down_at`, and between them nothing changes.
+//!   A queue that is already draining (the smoothed backlog below what it
+//!   was when the hold began) is not a reason to step further down.
+//! - No oscillation: a down step within `bounce_ns` of an up step means the
+//!   probe failed (the faster rung was needed): the up-hold doubles, up to
+//!   `up_hold_max_ns`. Every up-hold plus `bounce_ns` without a down step (a
+//!   probe had its chance and held) halves it back towards
+//!   `up_hold_min_ns`. A client between two rungs' speeds therefore
+//!   changes rung at most once per `up_hold_max_ns` or so, in steady state.
+//!
+//! Invariants: the rung is in `0..ladder.len()`; rung 0 is the target;
+//! with adaptation off, or an engine that reports no backlog, every batch
+//! gets the target.
+
+use parking_lot::Mutex;
+use squeeze_codec::{Algorithm, CompressEngine};
+use squeeze_format::CodecId;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// The rungs under `target`, fastest last: the target, its codec's
+/// fastest level (if the target is slower), lz4 (if the target is not
+/// lz4 already), and none (store raw). A target of none has no ladder.
+pub fn ladder(target: Algorithm) -> Vec<Algorithm> {
+    let mut rungs = vec![target];
+    if target.codec == CodecId::None {
+        return rungs;
+    }
+    let fastest_level = match target.codec {
+        CodecId::Zstd => Some(1),
+        CodecId::Deflate => Some(1),
+        CodecId::Lz4 | CodecId::Snappy | CodecId::None => None,
+    };
+    if let Some(l) = fastest_level {
+        if target.effective_level() > l {
+            rungs.push(Algorithm::new(target.codec, l));
+        }
+    }
+    if target.codec != CodecId::Lz4 {
+        rungs.push(Algorithm::new(CodecId::Lz4, 0));
+    }
+    rungs.push(Algorithm::new(CodecId::None, 0));
+    rungs
+}
+
+/// The control law's constants (see the module text).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Law {
+    /// Smoothing time constant of the backlog signal.
+    pub tau_ns: u64,
+    /// Step down when the smoothed backlog per worker stays at or above
+    /// this many raw bytes ...
+    pub down_at: f64,
+    /// ... for this long.
+    pub down_hold_ns: u64,
+    /// Step up when it stays at or below this many bytes ...
+    pub up_at: f64,
+    /// ... for the up-hold, which starts here ...
+    pub up_hold_min_ns: u64,
+    /// ... doubles on every failed probe, up to here.
+    pub up_hold_max_ns: u64,
+    /// A down step this soon after an up step is a failed probe.
+    pub bounce_ns: u64,
+}
+
+const MS: u64 = 1_000_000;
+
+/// Defaults: with 128 KiB blobs and ~350 MB/s of zstd:3 per core, 512 KiB
+/// queued per worker is ~1.5 ms of work waiting; 64 KiB is half a blob.
+pub const LAW_DEFAULT: Law = Law {
+    tau_ns: 10 * MS,
+    down_at: 512.0 * 1024.0,
+    down_hold_ns: 20 * MS,
+    up_at: 64.0 * 1024.0,
+    up_hold_min_ns: 200 * MS,
+    up_hold_max_ns: 5_000 * MS,
+    bounce_ns: 1_000 * MS,
+};
+
+const _: () = assert!(LAW_DEFAULT.up_at < LAW_DEFAULT.down_at);
+const _: () = assert!(LAW_DEFAULT.up_hold_min_ns <= LAW_DEFAULT.up_hold_max_ns);
+
+/// The controller's state: where it stands on the ladder and why.
+#[derive(Clone, Debug)]
+pub struct LawState {
+    law: Law,
+    rungs: usize,
+    rung: usize,
+    /// Smoothed backlog per worker, bytes; None before the first sample.
+    load: Option<f64>,
+    last_ns: u64,
+    /// Since when the load has been high (with the smoothed load then) /
+    /// low (None: it is not).
+    high_since: Option<(u64, f64)>,
+    low_since: Option<u64>,
+    changed_ns: u64,
+    up_hold_ns: u64,
+    /// The last change was an up step (a probe of the slower rung).
+    last_up: bool,
+    /// When the up-hold was last doubled, halved or a down step taken.
+    relaxed_ns: u64,
+    changes: u64,
+}
+
+impl LawState {
+    pub fn new(law: Law, rungs: usize) -> LawState {
+        assert!(rungs >= 1 && law.up_at < law.down_at);
+        LawState {
+            law,
+            rungs,
+            rung: 0,
+            load: None,
+            last_ns: 0,
+            high_since: None,
+            low_since: None,
+            changed_ns: 0,
+            up_hold_ns: law.up_hold_min_ns,
+            last_up: false,
+            relaxed_ns: 0,
+            changes: 0,
+        }
+    }
+
+    pub fn rung(&self) -> usize {
+        self.rung
+    }
+
+    /// Rung changes so far.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// The current up-hold.
+    pub fn up_hold_ns(&self) -> u64 {
+        self.up_hold_ns
+    }
+
+    /// Feeds one sample (`backlog` raw bytes per worker at `now_ns`, which
+    /// never goes back) and returns the rung for the batch about to go.
+    pub fn sample(&mut self, now_ns: u64, backlog: f64) -> usize {
+        let law = self.law;
+        let load = match self.load {
+            None => backlog,
+            Some(prev) => {
+                let dt = now_ns.saturating_sub(self.last_ns) as f64;
+                let alpha = 1.0 - (-dt / law.tau_ns as f64).exp();
+                prev + alpha * (backlog - prev)
+            }
+        };
+        self.load = Some(load);
+        self.last_ns = now_ns;
+        if now_ns.saturating_sub(self.relaxed_ns) >= self.up_hold_ns + law.bounce_ns {
+            // No down step for a while: probes may come sooner again.
+            self.up_hold_ns = (self.up_hold_ns / 2).max(law.up_hold_min_ns);
+            self.relaxed_ns = now_ns;
+        }
+        if load >= law.down_at && backlog >= law.down_at {
+            self.low_since = None;
+            let (since, from) = *self.high_since.get_or_insert((now_ns, load));
+            // Down only while the backlog is not draining already (the
+            // last step down may just not have shown its effect yet).
+            if self.rung + 1 < self.rungs && now_ns - since >= law.down_hold_ns && load >= from {
+                if self.last_up && now_ns - self.changed_ns < law.bounce_ns {
+                    // The probe failed: the faster rung was needed.
+                    self.up_hold_ns = (self.up_hold_ns * 2).min(law.up_hold_max_ns);
+                }
+                self.relaxed_ns = now_ns;
+                self.last_up = false;
+                self.step(now_ns, self.rung + 1);
+            }
+        } else if load <= law.up_at {
+            self.high_since = None;
+            let since = *self.low_since.get_or_insert(now_ns);
+            if self.rung > 0 && now_ns - since >= self.up_hold_ns {
+                self.last_up = true;
+                self.step(now_ns, self.rung - 1);
+            }
+        } else {
+            // Between the thresholds: hold.
+            self.high_since = None;
+            self.low_since = None;
+        }
+        self.rung
+    }
+
+    fn step(&mut self, now_ns: u64, rung: usize) {
+        self.rung = rung;
+        self.changed_ns = now_ns;
+        self.changes += 1;
+        // A new rung must prove itself over a whole hold again.
+        self.high_since = None;
+        self.low_since = None;
+    }
+}
+
+/// The adaptive codec of a volume: the ladder under the policy's target
+/// and the control law's state, shared by every writer.
+pub struct AdaptiveCodec {
+    rungs: Vec<Algorithm>,
+    state: Mutex<LawState>,
+    /// The last rung chosen (for writers that find the state busy).
+    rung: AtomicUsize,
+    epoch: Instant,
+}
+
+impl AdaptiveCodec {
+    pub fn new(target: Algorithm, law: Law) -> AdaptiveCodec {
+        let rungs = ladder(target);
+        let state = Mutex::new(LawState::new(law, rungs.len()));
+        AdaptiveCodec {
+            rungs,
+            state,
+            rung: AtomicUsize::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    pub fn rungs(&self) -> &[Algorithm] {
+        &self.rungs
+    }
+
+    /// The rung the last batch got.
+    pub fn current(&self) -> Algorithm {
+        self.rungs[self.rung.load(Ordering::Relaxed)]
+    }
+
+    /// The algorithm for the batch about to be submitted to `engine`. One
+    /// writer samples at a time; the others take the rung it chose.
+    pub fn choose(&self, engine: &dyn CompressEngine) -> Algorithm {
+        let rung = match self.state.try_lock() {
+            Some(mut st) => {
+                let backlog = engine.backlog_bytes() as f64 / engine.threads().max(1) as f64;
+                let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                let r = st.sample(now, backlog);
+                self.rung.store(r, Ordering::Relaxed);
+                r
+            }
+            None => self.rung.load(Ordering::Relaxed),
+        };
+        self.rungs[rung]
+    }
+}
+
+impl std::fmt::Debug for AdaptiveCodec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdaptiveCodec")
+            .field("rungs", &self.rungs)
+            .field("rung", &self.rung.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alg(s: &str) -> Algorithm {
+        Algorithm::parse(s).unwrap()
+    }
+
+    #[test]
+    fn ladders() {
+        assert_eq!(
+            ladder(alg("zstd:3")),
+            vec![alg("zstd:3"), alg("zstd:1"), alg("lz4"), alg("none")]
+        );
+        assert_eq!(
+            ladder(alg("zstd:1")),
+            vec![alg("zstd:1"), alg("lz4"), alg("none")]
+        );
+        // zstd's default level in squeeze is 1: no zstd:1 rung under it.
+        assert_eq!(
+            ladder(alg("zstd")),
+            vec![alg("zstd"), alg("lz4"), alg("none")]
+        );
+        assert_eq!(
+            ladder(alg("deflate:6")),
+            vec![alg("deflate:6"), alg("deflate:1"), alg("lz4"), alg("none")]
+        );
+        assert_eq!(ladder(alg("lz4")), vec![alg("lz4"), alg("none")]);
+        assert_eq!(
+            ladder(alg("snappy")),
+            vec![alg("snappy"), alg("lz4"), alg("none")]
+        );
+        assert_eq!(ladder(alg("none")), vec![alg("none")]);
+    }
+
+    /// A synthetic plant: a client offering `offered` bytes per ms to an
+    /// engine that compresses `speed[rung]` bytes per ms; the backlog is
+    /// what has not been compressed yet. One sample per ms for `ms`
+    /// milliseconds; returns (bytes written per rung, the law's state,
+    /// the largest backlog).
+    fn run(
+        st: &mut LawState,
+        start_ms: u64,
+        ms: u64,
+        offered: f64,
+        speed: &[f64],
+        backlog: &mut f64,
+    ) -> (Vec<f64>, f64) {
+        let mut per_rung = vec![0.0; speed.len()];
+        let mut max = 0.0f64;
+        for t in start_ms..start_ms + ms {
+            let rung = st.sample(t * MS, *backlog);
+            *backlog = (*backlog + offered - speed[rung]).max(0.0);
+            per_rung[rung] += offered;
+            max = max.max(*backlog);
+        }
+        (per_rung, max)
+    }
+
+    const KIB: f64 = 1024.0;
+    /// zstd:3, zstd:1, lz4, none per worker, bytes per ms (about 350, 450,
+    /// 1500 MB/s and the memory copy).
+    const SPEED: [f64; 4] = [350.0 * KIB, 450.0 * KIB, 1500.0 * KIB, 1e12];
+
+    #[test]
+    fn a_client_the_engine_sustains_gets_the_target() {
+        for frac in [0.1, 0.5, 0.9, 0.99] {
+            let mut st = LawState::new(LAW_DEFAULT, 4);
+            let mut q = 0.0;
+            let (per_rung, _) = run(&mut st, 0, 60_000, frac * SPEED[0], &SPEED, &mut q);
+            assert_eq!(per_rung[1..].iter().sum::<f64>(), 0.0, "{frac}");
+            assert_eq!(st.changes(), 0);
+        }
+    }
+
+    #[test]
+    fn a_client_the_engine_cannot_sustain_gets_a_faster_rung() {
+        // Faster than lz4: the law goes to the bottom, and its probes of
+        // lz4 fail, less and less often.
+        let mut st = LawState::new(LAW_DEFAULT, 4);
+        let mut q = 0.0;
+        let (per_rung, max) = run(&mut st, 0, 60_000, 2.0 * SPEED[2], &SPEED, &mut q);
+        assert_eq!(st.rung(), 3);
+        assert_eq!(st.up_hold_ns(), LAW_DEFAULT.up_hold_max_ns);
+        assert!(st.changes() <= 3 + 2 * 6 + 2 * 60 / 5, "{}", st.changes());
+        assert!(per_rung[3] > 0.98 * per_rung.iter().sum::<f64>());
+        assert!(max < 300.0 * 1024.0 * 1024.0, "backlog {max}");
+        // Between zstd:1 and lz4: down to lz4, then probes of zstd:1 that
+        // fail, fewer and fewer of them.
+        let mut st = LawState::new(LAW_DEFAULT, 4);
+        let mut q = 0.0;
+        let offered = (SPEED[1] + SPEED[2]) / 2.0;
+        let (per_rung, max) = run(&mut st, 0, 60_000, offered, &SPEED, &mut q);
+        let total: f64 = per_rung.iter().sum();
+        assert_eq!(per_rung[3], 0.0, "never needed to store raw");
+        assert!(per_rung[2] > 0.9 * total, "{per_rung:?}");
+        assert_eq!(st.up_hold_ns(), LAW_DEFAULT.up_hold_max_ns);
+        // At most a probe (two changes) per up_hold_max once settled, plus
+        // the way there: 1 + log2(5000/200) probes.
+        assert!(st.changes() <= 2 + 2 * 6 + 2 * 60 / 5, "{}", st.changes());
+        assert!(max < 64.0 * 1024.0 * 1024.0, "backlog {max}");
+    }
+
+    #[test]
+    fn load_between_the_thresholds_changes_nothing() {
+        let mut st = LawState::new(LAW_DEFAULT, 4);
+        let mid = (LAW_DEFAULT.up_at + LAW_DEFAULT.down_at) / 2.0;
+        for t in 0..10_000 {
+            assert_eq!(st.sample(t * MS, mid), 0);
+        }
+        // Down to rung 1, then the same load holds it there.
+        let mut t = 10_000;
+        while st.rung() == 0 {
+            st.sample(t * MS, 2.0 * LAW_DEFAULT.down_at);
+            t += 1;
+        }
+        for t in t..t + 10_000 {
+            assert_eq!(st.sample(t * MS, mid), 1);
+        }
+        assert_eq!(st.changes(), 1);
+    }
+
+    #[test]
+    fn a_short_burst_meeting_another_does_not_step_down() {
+        let mut st = LawState::new(LAW_DEFAULT, 4);
+        // One sample in a hundred finds 4 MiB queued (two writers' batches
+        // colliding), sparse samples (a rate-limited writer).
+        for t in 0..100_000u64 {
+            let b = if t % 100 == 0 {
+                4.0 * 1024.0 * 1024.0
+            } else {
+                0.0
+            };
+            assert_eq!(st.sample(t * 10 * MS, b), 0, "{t}");
+        }
+    }
+
+    #[test]
+    fn back_to_the_target_after_a_burst() {
+        let mut st = LawState::new(LAW_DEFAULT, 4);
+        let mut q = 0.0;
+        run(&mut st, 0, 2_000, 2.0 * SPEED[2], &SPEED, &mut q);
+        assert_eq!(st.rung(), 3);
+        // The burst ends: back up one rung per up-hold (at most
+        // up_hold_max each), then the target from there on.
+        let (per_rung, _) = run(&mut st, 2_000, 20_000, 0.2 * SPEED[0], &SPEED, &mut q);
+        assert_eq!(st.rung(), 0);
+        let back = 3 * LAW_DEFAULT.up_hold_max_ns / MS;
+        assert!(
+            per_rung[0] >= (20_000 - back) as f64 / 20_000.0 * per_rung.iter().sum::<f64>(),
+            "{per_rung:?}"
+        );
+        // And the up-hold is back at its minimum after probes that held.
+        assert_eq!(st.up_hold_ns(), LAW_DEFAULT.up_hold_min_ns);
+    }
+}

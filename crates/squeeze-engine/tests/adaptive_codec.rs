@@ -1,0 +1,116 @@
+//! The adaptive write codec in the engine: a compression pool that cannot
+//! keep up makes client writes take faster rungs of the ladder (counted as
+//! below target, stored with lz4 or raw, read back intact), an unloaded
+//! pool gives every blob the target, and with adaptation off a saturated
+//! pool still gives the target.
+
+mod common;
+use common::*;
+use squeeze_codec::CpuPool;
+use squeeze_engine::{default_policy, OpenOptions, SimStorage, Volume};
+use std::sync::Arc;
+
+const MIB: usize = 1 << 20;
+
+/// A volume on one compression thread with target zstd:19 (a few MB/s: any
+/// two writers saturate it).
+fn slow_target_volume(adaptive: bool) -> (Arc<SimStorage>, Volume) {
+    let s = Arc::new(SimStorage::new());
+    let mut o = small_opts(256 * MIB as u64);
+    o.segment_size = 4 << 20;
+    o.policy = default_policy();
+    o.policy.level = 19;
+    Volume::create(s.clone(), &o).unwrap().close().unwrap();
+    let v = Volume::open(
+        s.clone(),
+        OpenOptions {
+            engine: Some(Arc::new(CpuPool::new(1))),
+            no_adapt: !adaptive,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    (s, v)
+}
+
+/// `writers` threads each write `per_writer` bytes of fio-like data in 1 MiB
+/// requests to their own region; returns what each wrote.
+fn write_parallel(v: &Volume, writers: usize, per_writer: usize) -> Vec<Vec<u8>> {
+    let datas: Vec<Vec<u8>> = (0..writers)
+        .map(|w| squeeze_codec::testdata::fio_like(per_writer, 60, 4096, 100 + w as u64))
+        .collect();
+    std::thread::scope(|sc| {
+        for (w, d) in datas.iter().enumerate() {
+            sc.spawn(move || {
+                for (k, chunk) in d.chunks(MIB).enumerate() {
+                    let off = (w * per_writer + k * MIB) as u64;
+                    v.write(off, chunk, false).unwrap();
+                }
+            });
+        }
+    });
+    datas
+}
+
+fn check(v: &Volume, datas: &[Vec<u8>]) {
+    for (w, d) in datas.iter().enumerate() {
+        let mut got = vec![0u8; d.len()];
+        v.read((w * d.len()) as u64, &mut got).unwrap();
+        assert!(got == *d, "writer {w}: data differs");
+    }
+}
+
+#[test]
+fn a_saturated_pool_writes_below_target() {
+    let (_s, v) = slow_target_volume(true);
+    let datas = write_parallel(&v, 4, 16 * MIB);
+    let st = v.stats();
+    let total = 64 * MIB as u64;
+    assert!(
+        st.below_target_bytes > 0,
+        "a pool at zstd:19 behind four writers never stepped down: {st:?}"
+    );
+    assert!(st.below_target_bytes <= total);
+    assert!(st.below_target_pending_bytes > 0);
+    assert_eq!(st.below_target_pending_bytes, st.below_target_bytes);
+    // Below-target blobs are zstd:1, lz4 or raw; all read back intact.
+    let fast = st.bytes_per_algorithm["lz4"] + st.bytes_per_algorithm["none"];
+    eprintln!(
+        "below target {} of {total}; lz4+none {fast}; ratio {:.2}",
+        st.below_target_bytes, st.compression_ratio
+    );
+    check(&v, &datas);
+    v.close().unwrap();
+}
+
+#[test]
+fn a_saturated_pool_without_adaptation_writes_the_target() {
+    let (_s, v) = slow_target_volume(false);
+    let datas = write_parallel(&v, 4, 4 * MIB);
+    let st = v.stats();
+    assert_eq!(st.below_target_bytes, 0);
+    assert_eq!(st.below_target_pending_bytes, 0);
+    assert_eq!(st.bytes_per_algorithm["lz4"], 0);
+    assert_eq!(st.write_algorithm, "zstd:19");
+    check(&v, &datas);
+    v.close().unwrap();
+}
+
+#[test]
+fn an_unloaded_pool_writes_the_target() {
+    // The default policy (zstd:3) on the default pool, one writer that
+    // waits for each write: the engine's queue is empty at every submit.
+    let s = Arc::new(SimStorage::new());
+    let mut o = small_opts(64 * MIB as u64);
+    o.segment_size = 4 << 20;
+    Volume::create(s.clone(), &o).unwrap().close().unwrap();
+    let v = Volume::open(s.clone(), OpenOptions::default()).unwrap();
+    let datas = write_parallel(&v, 1, 32 * MIB);
+    let st = v.stats();
+    assert_eq!(st.below_target_bytes, 0, "{st:?}");
+    assert_eq!(st.bytes_per_algorithm["lz4"], 0);
+    assert_eq!(st.write_algorithm, "zstd:3");
+    assert!(st.bytes_per_algorithm["zstd"] > 0);
+    check(&v, &datas);
+    v.close().unwrap();
+}
