@@ -143,6 +143,11 @@ impl Inner {
                     sectors,
                     below_target: true,
                     ..
+                }
+                | Item::Moved {
+                    sectors,
+                    below_target: true,
+                    ..
                 } = &items[i]
                 {
                     st.usage

@@ -1,7 +1,8 @@
 //! The maintenance thread (`sqz-maintenance`): while clients write, one
 //! cleaner victim at a time with a rest as long as it took; once they have
-//! been idle for IDLE_AFTER, merging and cleaning without pause, one
-//! bounded step at a time; a checkpoint every CHECKPOINT_LOG_BYTES of log
+//! been idle for IDLE_AFTER, merging, upgrading (rewriting with the target
+//! codec what the adaptive codec wrote below it) and cleaning without
+//! pause, one bounded step at a time; a checkpoint every CHECKPOINT_LOG_BYTES of log
 //! or when dead segments wait to be freed.
 
 use crate::counters::Counter;
@@ -70,6 +71,12 @@ fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
             }
         }
         return true;
+    }
+    // Bytes written below the target under load: rewritten with it now.
+    match cleaner::upgrade_pass(inner) {
+        Ok(Some(_)) => return true,
+        Ok(None) => {}
+        Err(e) => tracing::info!("upgrade stopped: {e}"),
     }
     match cleaner::idle_pass(inner) {
         Ok(r) => r.is_some(),

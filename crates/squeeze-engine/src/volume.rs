@@ -107,6 +107,8 @@ pub struct OpenOptions {
     /// clients are idle: clients do not wait on compression they could
     /// skip, and the volume converges to the target's ratio.
     pub no_adapt: bool,
+    /// The adaptive codec's control law; None: `pipeline::adapt::LAW_DEFAULT`.
+    pub adapt_law: Option<crate::pipeline::adapt::Law>,
 }
 
 /// A squeeze volume. Safe for many concurrent callers.
@@ -254,7 +256,13 @@ impl Volume {
             uuid: sb.uuid,
             logical_size: sb.logical_size,
             seg_size: u64::from(sb.segment_size),
-            policy: RwLock::new(ActivePolicy::with_adaptation(sb.policy, !open.no_adapt)),
+            policy: RwLock::new(ActivePolicy::with_adaptation(
+                sb.policy,
+                (!open.no_adapt).then(|| {
+                    open.adapt_law
+                        .unwrap_or(crate::pipeline::adapt::LAW_DEFAULT)
+                }),
+            )),
             sb: Mutex::new(sb),
             engine,
             log: Mutex::new(log),
@@ -329,7 +337,8 @@ impl Volume {
         sb.policy = policy;
         sbio::write(&*self.inner.storage, &mut sb).inspect_err(|e| self.inner.poison(e))?;
         let mut active = self.inner.policy.write();
-        *active = ActivePolicy::with_adaptation(policy, active.adapt.is_some());
+        let law = active.adapt.as_ref().map(|a| a.law());
+        *active = ActivePolicy::with_adaptation(policy, law);
         Ok(())
     }
 
@@ -419,6 +428,15 @@ impl Volume {
         crate::space::cleaner::background_pass(&self.inner)
     }
 
+    /// Runs one step of the upgrade (what the adaptive codec wrote below
+    /// the policy's algorithm under load is rewritten with it; the
+    /// maintenance thread does this while clients are idle): at most one
+    /// segment. None when no segment is known to hold such bytes.
+    pub fn upgrade_pass(&self) -> Result<Option<CleanReport>> {
+        self.inner.writable()?;
+        crate::space::cleaner::upgrade_pass(&self.inner)
+    }
+
     /// Rewrites every fragmented window (scattered small records) as whole
     /// blobs with the current policy; see [`crate::space::merge`]. The
     /// records it replaces become garbage for [`Volume::compact`].
@@ -428,8 +446,10 @@ impl Volume {
         crate::space::merge::merge_all(&self.inner, progress)
     }
 
-    /// Cleans every segment that holds dead bytes, then checkpoints so the
-    /// victims are freed and punched out. `progress(done, total)` victims.
+    /// Upgrades what was written below the policy's algorithm (see
+    /// [`Volume::upgrade_pass`]; after a reopen, every record of a codec
+    /// under the target's), cleans every segment that holds dead bytes,
+    /// then checkpoints so the victims are freed and punched out. `progress(done, total)` victims.
     pub fn compact(&self, progress: impl FnMut(u64, u64)) -> Result<CleanReport> {
         self.inner.writable()?;
         crate::space::cleaner::compact(&self.inner, progress)

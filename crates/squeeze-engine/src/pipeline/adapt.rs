@@ -217,6 +217,7 @@ impl LawState {
 /// The adaptive codec of a volume: the ladder under the policy's target
 /// and the control law's state, shared by every writer.
 pub struct AdaptiveCodec {
+    law: Law,
     rungs: Vec<Algorithm>,
     state: Mutex<LawState>,
     /// The last rung chosen (for writers that find the state busy).
@@ -229,11 +230,16 @@ impl AdaptiveCodec {
         let rungs = ladder(target);
         let state = Mutex::new(LawState::new(law, rungs.len()));
         AdaptiveCodec {
+            law,
             rungs,
             state,
             rung: AtomicUsize::new(0),
             epoch: Instant::now(),
         }
+    }
+
+    pub fn law(&self) -> Law {
+        self.law
     }
 
     pub fn rungs(&self) -> &[Algorithm] {

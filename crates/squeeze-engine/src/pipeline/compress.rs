@@ -57,6 +57,9 @@ pub enum Item {
         payload: Vec<u8>,
         from: u64,
         recompressed: bool,
+        /// Copied as it was from a segment that holds bytes written below
+        /// the target: the upgrade may still have to rewrite it.
+        below_target: bool,
     },
 }
 

@@ -55,6 +55,22 @@ pub const IDLE_VICTIM_LIVE_MAX: f64 = 0.9;
 /// When free room is short, any segment below this live fraction will do.
 pub const VICTIM_LIVE_MAX_TIGHT: f64 = 0.98;
 
+/// How a victim's live records are rewritten.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rewrite {
+    /// Cleaning: whole live records are copied as they are (recompressed
+    /// only when a recompress algorithm of another codec is set), partly
+    /// live ones recompressed.
+    Clean,
+    /// The upgrade of bytes written below the target: every live record is
+    /// recompressed with the target (`all`: the segment is known to hold
+    /// below-target bytes, whose level the record header does not name), or
+    /// only records of a codec below the target's (`!all`: after a reopen,
+    /// from what the headers say; a segment without such a record is left
+    /// as it is).
+    Upgrade { all: bool },
+}
+
 /// What cleaning did.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct CleanReport {
@@ -68,6 +84,9 @@ pub struct CleanReport {
     pub recompressed: u64,
     /// Records that failed their checksum and stayed where they are.
     pub corrupt_records: u64,
+    /// Raw bytes rewritten with the target codec by the upgrade.
+    #[serde(default)]
+    pub upgraded_bytes: u64,
 }
 
 impl CleanReport {
@@ -79,6 +98,7 @@ impl CleanReport {
         self.bytes_live_before += o.bytes_live_before;
         self.recompressed += o.recompressed;
         self.corrupt_records += o.corrupt_records;
+        self.upgraded_bytes += o.upgraded_bytes;
     }
 }
 
@@ -149,20 +169,42 @@ struct Run {
 
 /// Relocates everything still live in segment `s`.
 pub(crate) fn clean_segment(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
+    rewrite_segment(inner, s, Rewrite::Clean)
+}
+
+/// Relocates everything still live in segment `s`, as `mode` says.
+pub(crate) fn rewrite_segment(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<CleanReport> {
     let t0 = std::time::Instant::now();
     // Announce the victim before looking at it: a checkpoint freeing it from
     // now on leaves it alone (see `Inner::cleaning`).
     *inner.cleaning.lock() = Some(s);
-    let r = clean_segment_inner(inner, s);
+    let r = clean_segment_inner(inner, s, mode);
     *inner.cleaning.lock() = None;
-    inner.counters.add(
-        crate::counters::Counter::CleanerNs,
-        t0.elapsed().as_nanos() as u64,
-    );
+    let ns = t0.elapsed().as_nanos() as u64;
+    match mode {
+        Rewrite::Clean => inner.counters.add(Counter::CleanerNs, ns),
+        Rewrite::Upgrade { .. } => inner.counters.add(Counter::UpgradeNs, ns),
+    }
+    if let Ok(rep) = &r {
+        inner
+            .counters
+            .add(Counter::UpgradedBytes, rep.upgraded_bytes);
+    }
     r
 }
 
-fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
+/// True when a record of `codec` may hold bytes written below `target`
+/// (the ladder's rungs of another codec; raw records are not counted:
+/// incompressible data is raw at any rung).
+fn below_target_codec(codec: CodecId, target: Algorithm) -> bool {
+    codec != target.codec
+        && codec != CodecId::None
+        && crate::pipeline::adapt::ladder(target)
+            .iter()
+            .any(|a| a.codec == codec)
+}
+
+fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<CleanReport> {
     let mut rep = CleanReport {
         victims: 1,
         ..Default::default()
@@ -178,12 +220,37 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
         inner.storage.read_at(&mut buf, seg_off)?;
     }
     let policy = inner.policy.read().clone();
-    let recompress = (policy.policy.recompress_codec != CodecId::None).then(|| {
-        Algorithm::new(
-            policy.policy.recompress_codec,
-            policy.policy.recompress_level,
-        )
-    });
+    let recompress = match mode {
+        Rewrite::Upgrade { .. } => Some(policy.algorithm),
+        Rewrite::Clean => (policy.policy.recompress_codec != CodecId::None).then(|| {
+            Algorithm::new(
+                policy.policy.recompress_codec,
+                policy.policy.recompress_level,
+            )
+        }),
+    };
+    let victim_below = inner.state.read().usage.below_target(s) > 0;
+    let upgrade_this = |codec: CodecId| match mode {
+        Rewrite::Upgrade { all: true } => true,
+        Rewrite::Upgrade { all: false } => below_target_codec(codec, policy.algorithm),
+        Rewrite::Clean => false,
+    };
+    if mode == (Rewrite::Upgrade { all: false }) && {
+        let st = inner.state.read();
+        !RecordScan::new(&buf, inner.uuid, Stride::Record).any(|rec| {
+            let h = rec.header;
+            let rec_abs = seg_off + rec.offset as u64;
+            h.kind.has_payload()
+                && upgrade_this(h.codec)
+                && (0..u64::from(h.sectors)).any(|i| {
+                    let e = st.map.get(h.lba + i);
+                    e.is_mapped() && e.record_offset() == rec_abs
+                })
+        })
+    } {
+        // Nothing below the target here: leave the segment as it is.
+        return Ok(CleanReport::default());
+    }
     let mut items: Vec<Item> = Vec::new();
     let mut pending_bytes = 0usize;
     let mut runs: Vec<Run> = Vec::new();
@@ -217,7 +284,10 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
             rep.corrupt_records += 1;
             continue;
         }
-        let recompress_this = recompress.is_some_and(|a| a.codec != h.codec);
+        let recompress_this = match mode {
+            Rewrite::Clean => recompress.is_some_and(|a| a.codec != h.codec),
+            Rewrite::Upgrade { .. } => upgrade_this(h.codec),
+        };
         if live.iter().all(|&l| l) && !recompress_this {
             pending_bytes += payload.len();
             items.push(Item::Moved {
@@ -227,6 +297,9 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
                 payload: payload.to_vec(),
                 from: rec_abs,
                 recompressed: false,
+                // Copied as it is: if its segment held bytes below the
+                // target, it may be one of them (the header names no level).
+                below_target: victim_below && h.codec != CodecId::None,
             });
             rep.sectors_moved += u64::from(h.sectors);
         } else {
@@ -266,13 +339,13 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
         rep.records_moved += 1;
         if pending_bytes >= APPEND_BYTES_MAX {
             flush_items(
-                inner, &mut items, &mut runs, &mut raw, recompress, &policy, &mut rep,
+                inner, &mut items, &mut runs, &mut raw, recompress, mode, &policy, &mut rep,
             )?;
             pending_bytes = 0;
         }
     }
     flush_items(
-        inner, &mut items, &mut runs, &mut raw, recompress, &policy, &mut rep,
+        inner, &mut items, &mut runs, &mut raw, recompress, mode, &policy, &mut rep,
     )?;
     Ok(rep)
 }
@@ -281,12 +354,17 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
 /// through the write pipeline's compress stage as the merger's windows do
 /// (one batch, the policy's plan, heuristic and required ratio), with the
 /// recompress algorithm in place of the policy's when one is set.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the pending state of one victim, passed apart to keep its borrows apart"
+)]
 fn flush_items(
     inner: &Inner,
     items: &mut Vec<Item>,
     runs: &mut Vec<Run>,
     raw: &mut Vec<u8>,
     recompress: Option<Algorithm>,
+    mode: Rewrite,
     policy: &ActivePolicy,
     rep: &mut CleanReport,
 ) -> Result<()> {
@@ -331,6 +409,9 @@ fn flush_items(
                 }
             };
             rep.recompressed += u64::from(recompressed);
+            if recompressed && mode != Rewrite::Clean {
+                rep.upgraded_bytes += u64::from(r.sectors) * SECTOR_SIZE as u64;
+            }
             items.push(Item::Moved {
                 lba: r.lba,
                 sectors: r.sectors,
@@ -338,6 +419,9 @@ fn flush_items(
                 payload,
                 from: r.from,
                 recompressed,
+                // Compressed again with the target (or the recompress
+                // algorithm), or raw because it does not compress.
+                below_target: false,
             });
         }
     }
@@ -348,7 +432,13 @@ fn flush_items(
         .iter()
         .map(|it| squeeze_format::record_bytes(it.payload(&[]).1.len() as u64))
         .sum::<u64>();
-    inner.append(items, &[], Room::Cleaner)?;
+    // The upgrade makes room as client data does: it never eats the
+    // cleaner's reserve (it stops on NoSpace; the cleaner frees room).
+    let room = match mode {
+        Rewrite::Clean => Room::Cleaner,
+        Rewrite::Upgrade { .. } => Room::Merge,
+    };
+    inner.append(items, &[], room)?;
     items.clear();
     Ok(())
 }
@@ -434,7 +524,30 @@ fn pass(inner: &Inner, start: f64, max_live: f64) -> Result<Option<CleanReport>>
     }
 }
 
-/// Cleans every segment sealed before the call that holds any dead byte,
+/// One step of the idle upgrade: the sealed segment holding the most bytes
+/// written below the target is rewritten with the target (every live
+/// record of it). None when no sealed segment holds any. A segment is tried
+/// once: whatever stays in it (a corrupt record, no room) is not retried.
+pub(crate) fn upgrade_pass(inner: &Inner) -> Result<Option<CleanReport>> {
+    let _one = inner.cleaner_lock.lock();
+    let (segs, _) = sealed(inner);
+    let best = {
+        let st = inner.state.read();
+        segs.iter()
+            .map(|&(s, ..)| (s, st.usage.below_target(s)))
+            .filter(|&(_, b)| b > 0)
+            .max_by_key(|&(_, b)| b)
+    };
+    let Some((s, _)) = best else {
+        return Ok(None);
+    };
+    let r = rewrite_segment(inner, s, Rewrite::Upgrade { all: true });
+    inner.state.write().usage.clear_below_target(s);
+    r.map(Some)
+}
+
+/// Upgrades what was written below the target (see [`compact`]), then
+/// cleans every segment sealed before the call that holds any dead byte,
 /// then checkpoints so the victims are freed. `progress(done, total)`.
 pub(crate) fn compact(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Result<CleanReport> {
     let _one = inner.cleaner_lock.lock();
@@ -443,6 +556,30 @@ pub(crate) fn compact(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Resu
     let total = sealed(inner).0.len() as u64;
     // Each victim once: one holding a corrupt record keeps it (and stays).
     let mut done = Vec::new();
+    // First the upgrade of what was written below the target: the segments
+    // known to hold such bytes, and when the counters say some were never
+    // upgraded (a reopened volume knows no segment), every segment with a
+    // record of a codec below the target's.
+    let by_codec =
+        inner.counters.get(Counter::BelowTargetBytes) > inner.counters.get(Counter::UpgradedBytes);
+    for (s, _, _, sectors) in sealed(inner).0 {
+        let flagged = inner.state.read().usage.below_target(s) > 0;
+        if sectors == 0 || !(flagged || by_codec) {
+            continue;
+        }
+        let r = rewrite_segment(inner, s, Rewrite::Upgrade { all: flagged });
+        inner.state.write().usage.clear_below_target(s);
+        let r = match r {
+            // No room for the rewrite: the cleaning below makes some.
+            Err(EngineError::NoSpace(_)) => break,
+            r => r?,
+        };
+        if r.records_moved > 0 {
+            rep.add(&r);
+            done.push(s);
+            progress(rep.victims, total);
+        }
+    }
     while let Some(v) = pick_victim(inner, 1.0 - 1e-9, start_seq, &done) {
         let r = clean_segment(inner, v)?;
         rep.add(&r);

@@ -159,6 +159,14 @@ impl Usage {
         self.below_target[s as usize] += raw;
     }
 
+    /// Forgets the below-target bytes of `s` (the upgrade rewrote what it
+    /// could of it).
+    pub fn clear_below_target(&mut self, s: SegmentId) {
+        if let Some(b) = self.below_target.get_mut(s as usize) {
+            *b = 0;
+        }
+    }
+
     /// Raw bytes written below the target into `s` (an upper bound of what
     /// is still live of them).
     pub fn below_target(&self, s: SegmentId) -> u64 {
