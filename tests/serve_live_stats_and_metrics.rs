@@ -87,6 +87,18 @@ fn stats_and_metrics_grow_while_serving() {
         "{v}"
     );
     assert!(m1.contains("squeeze_nbd_requests_total "), "{m1}");
+    // The adaptive codec's gauges and counters (one writer: no backlog, so
+    // nothing below the target).
+    for name in [
+        "below_target_bytes_total",
+        "below_target_pending_bytes",
+        "upgraded_bytes_total",
+        "upgrade_seconds_total",
+    ] {
+        assert_eq!(metric(&m1, name), 0.0, "{name}: {m1}");
+    }
+    assert_eq!(v["volumes"]["vol"]["write_algorithm"], "zstd:3", "{v}");
+    assert_eq!(v["volumes"]["vol"]["below_target_bytes"], 0, "{v}");
     assert!(http_get(&addr, "/nope").starts_with("HTTP/1.0 404"));
     c.disconnect();
     srv.stop();

@@ -33,7 +33,7 @@ use super::PolicyArgs;
 use crate::cmd::import::process_cpu_seconds;
 use crate::util::{human, parse_size};
 use anyhow::{bail, Context, Result};
-use squeeze_codec::{CompressEngine, CpuPool, Job, JobOutput};
+use squeeze_codec::{CompressEngine, Job, JobOutput};
 use squeeze_engine::pipeline::policy::output_limit;
 use squeeze_engine::{
     default_policy, CodecId, CompressionMode, CreateOptions, FileStorage, OpenOptions, Volume,
@@ -91,6 +91,12 @@ pub struct Args {
     /// read (each on a fresh volume); the median of each is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub reps: u32,
+    /// Let the engine's writes take the adaptive codec's faster rungs when
+    /// the compression threads fall behind (as `serve` does by default).
+    /// Off by default here: the bench compares the engine with the raw
+    /// codec on the same algorithm.
+    #[arg(long)]
+    pub adapt: bool,
 }
 
 #[derive(serde::Serialize)]
@@ -101,6 +107,14 @@ struct Report {
     /// Requests in flight, raw codec and engine alike.
     writers: usize,
     algorithm: String,
+    /// The compression engine of both passes (isal-pool when ISA-L is
+    /// present: it runs deflate:1..=3).
+    engine: String,
+    /// --adapt: the engine's writes could go below the algorithm.
+    adaptive: bool,
+    /// Share of the engine's last timed write stored with a faster codec
+    /// than the algorithm (0 without --adapt).
+    below_target_fraction: f64,
     mode: String,
     max_blob: u32,
     data: String,
@@ -270,7 +284,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
 
     // Raw codec, same blobs, same threads (after a warm-up batch).
-    let pool = CpuPool::new(threads);
+    let pool = squeeze_codec::isal::default_engine(threads);
     // Mode none runs no codec in the engine: nothing to compare it with.
     let codec = policy.codec != CodecId::None && policy.mode != CompressionMode::None;
     let warm: Vec<Job> = (0..(REQUEST / blob).min(n_req * REQUEST / blob))
@@ -363,12 +377,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
         let storage = Arc::new(FileStorage::create(&tmp.path().join(name))?);
         let mut opts = CreateOptions::new((data.len() as u64 * 2).max(1 << 30));
         opts.policy = policy;
-        let engine: Arc<dyn CompressEngine> = Arc::new(CpuPool::new(threads));
+        let engine: Arc<dyn CompressEngine> =
+            Arc::new(squeeze_codec::isal::default_engine(threads));
         Ok(Volume::create_with(
             storage,
             &opts,
             OpenOptions {
                 engine: Some(engine),
+                no_adapt: !a.adapt,
                 background: true,
                 ..Default::default()
             },
@@ -497,6 +513,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
         threads,
         writers,
         algorithm: alg.to_string(),
+        engine: pool.name().to_string(),
+        adaptive: a.adapt,
+        below_target_fraction: st.below_target_bytes as f64 / data.len().max(1) as f64,
         mode: policy.mode.name().into(),
         max_blob: policy.max_blob,
         data: what,
@@ -544,6 +563,19 @@ pub fn run(a: Args) -> Result<ExitCode> {
             r.threads,
             r.writers,
             r.reps
+        );
+        outln!(
+            "engine           {}{}",
+            r.engine,
+            if r.adaptive {
+                format!(
+                    ", adaptive codec: {:.1}% of the last write below {}",
+                    100.0 * r.below_target_fraction,
+                    r.algorithm
+                )
+            } else {
+                String::new()
+            }
         );
         outln!(
             "engine write     {:>8.1} MB/s  ({}), backing file {:.1} MB/s, CPU {:.0}%, {:.2} CPU s/GiB",

@@ -184,7 +184,8 @@ fn ratio(c: &Cell) -> f64 {
     }
 }
 
-fn row(alg: Algorithm, blob_size: usize, c: &Cell) -> CodecRow {
+fn row(cfg: measure::Config, blob_size: usize, c: &Cell) -> CodecRow {
+    let alg = cfg.alg;
     let gib = c.raw as f64 / (1u64 << 30) as f64;
     let per_gib = |ns: u64| {
         if gib > 0.0 {
@@ -195,7 +196,7 @@ fn row(alg: Algorithm, blob_size: usize, c: &Cell) -> CodecRow {
     };
     let mbps = |bytes: u64, ns: u64| (ns > 0 && bytes > 0).then(|| bytes as f64 * 1e3 / ns as f64);
     CodecRow {
-        algorithm: alg.to_string(),
+        algorithm: cfg.to_string(),
         codec: alg.codec.name().to_string(),
         level: alg.effective_level(),
         blob_size,
@@ -228,10 +229,17 @@ fn choose(rows: &[CodecRow]) -> Option<Choice> {
     if best_ratio < WORTH_RATIO {
         return None;
     }
-    let fast = |r: &&CodecRow| r.compress_mbps.is_none_or(|m| m >= INLINE_MIN_MBPS);
+    // ISA-L's rows are the same algorithm on another engine (a volume gets
+    // it for deflate:1..=3 when present): the choice names algorithms.
+    let fast = |r: &&CodecRow| {
+        !r.algorithm.ends_with("(isa-l)") && r.compress_mbps.is_none_or(|m| m >= INLINE_MIN_MBPS)
+    };
     let mut pool: Vec<&CodecRow> = rows.iter().filter(fast).collect();
     if pool.is_empty() {
-        pool = rows.iter().collect();
+        pool = rows
+            .iter()
+            .filter(|r| !r.algorithm.ends_with("(isa-l)"))
+            .collect();
     }
     let mut per_alg: Vec<&CodecRow> = Vec::new();
     let mut algs: Vec<&str> = pool.iter().map(|r| r.algorithm.as_str()).collect();
@@ -264,7 +272,7 @@ fn choose(rows: &[CodecRow]) -> Option<Choice> {
     })
 }
 
-fn group_report(kind: &str, g: &Group, algs: &[Algorithm], total: u64) -> GroupReport {
+fn group_report(kind: &str, g: &Group, algs: &[measure::Config], total: u64) -> GroupReport {
     let mut codecs = Vec::new();
     for (a, alg) in algs.iter().enumerate() {
         for (s, &bs) in BLOB_SIZES.iter().enumerate() {

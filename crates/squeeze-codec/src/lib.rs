@@ -11,7 +11,8 @@
 //!   (liblz4, libzstd, snap, libdeflate), see [`codec`].
 //! - [`looks_incompressible`]: the btrfs-style sampling heuristic.
 //! - [`CompressEngine`] / [`CpuPool`]: batch compression off the caller's
-//!   thread, with per-job CPU time.
+//!   thread, with per-job CPU time; [`isal`]: the same pool with ISA-L's
+//!   igzip behind deflate:1..=3 (Debian's libisal, when present).
 //! - [`testdata`]: fio-like synthetic data for tests and `squeeze bench`.
 //!
 //! Invariant for the whole crate: bytes from disk never panic it — every
@@ -24,6 +25,7 @@ pub mod cputime;
 pub mod engine;
 pub mod error;
 pub mod heuristic;
+pub mod isal;
 pub mod pool;
 pub mod testdata;
 
@@ -35,5 +37,5 @@ pub use cputime::thread_cpu_ns;
 pub use engine::{CompressEngine, Job, JobOutput, JobResult};
 pub use error::CodecError;
 pub use heuristic::looks_incompressible;
-pub use pool::CpuPool;
+pub use pool::{CompressorFactory, CpuPool};
 pub use squeeze_format::CodecId;

@@ -30,13 +30,19 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::engine::run_job;
-use crate::{try_new_compressor, Algorithm, CompressEngine, Compressor, Job, JobOutput, JobResult};
+use crate::{
+    try_new_compressor, Algorithm, CodecError, CompressEngine, Compressor, Job, JobOutput,
+    JobResult,
+};
 
 /// Queue depth per worker thread (4 * 32: enough to keep every worker busy
 /// across batch boundaries without unbounded memory).
 pub const TASKS_IN_FLIGHT_PER_THREAD: usize = 4 * 32;
 
 type Done = Box<dyn FnOnce(Vec<JobResult>) + Send>;
+
+/// Makes a worker's compressor for an algorithm (which library runs it).
+pub type CompressorFactory = fn(Algorithm) -> Result<Box<dyn Compressor>, CodecError>;
 
 struct Batch {
     alg: Algorithm,
@@ -124,6 +130,8 @@ pub struct CpuPool {
     queue: Arc<Queue<Task>>,
     workers: Vec<JoinHandle<()>>,
     counters: Arc<Counters>,
+    name: &'static str,
+    factory: CompressorFactory,
 }
 
 impl CpuPool {
@@ -132,6 +140,20 @@ impl CpuPool {
     /// # Panics
     /// If the OS refuses to spawn a thread.
     pub fn new(threads: usize) -> Self {
+        CpuPool::with_compressors(threads, "cpu-pool", try_new_compressor)
+    }
+
+    /// A pool of `threads` workers (0: one per CPU) whose compressors come
+    /// from `factory` (e.g. ISA-L for deflate, see [`crate::isal`]), named
+    /// `name` in statistics.
+    ///
+    /// # Panics
+    /// If the OS refuses to spawn a thread.
+    pub fn with_compressors(
+        threads: usize,
+        name: &'static str,
+        factory: CompressorFactory,
+    ) -> Self {
         let threads = if threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
@@ -145,7 +167,7 @@ impl CpuPool {
                 let counters = Arc::clone(&counters);
                 std::thread::Builder::new()
                     .name(format!("sqz-compress-{n}"))
-                    .spawn(move || worker(&queue, counters))
+                    .spawn(move || worker(&queue, counters, factory))
                     .expect("spawn a compression worker")
             })
             .collect();
@@ -153,6 +175,8 @@ impl CpuPool {
             queue,
             workers,
             counters,
+            name,
+            factory,
         }
     }
 
@@ -176,7 +200,7 @@ impl Default for CpuPool {
 
 impl CompressEngine for CpuPool {
     fn name(&self) -> &str {
-        "cpu-pool"
+        self.name
     }
 
     fn threads(&self) -> usize {
@@ -251,8 +275,12 @@ impl CompressEngine for CpuPool {
     }
 }
 
-/// A thread's compressors by algorithm, and its output scratch buffer.
-type LocalCodecs = (HashMap<Algorithm, Box<dyn Compressor>>, Vec<u8>);
+/// A thread's compressors by pool kind and algorithm, and its output
+/// scratch buffer.
+type LocalCodecs = (
+    HashMap<(&'static str, Algorithm), Box<dyn Compressor>>,
+    Vec<u8>,
+);
 
 thread_local! {
     /// Compressors of threads that run jobs inline (the engine's callers).
@@ -266,9 +294,9 @@ impl CpuPool {
             let mut l = l.borrow_mut();
             let (compressors, scratch) = &mut *l;
             let r = catch_unwind(AssertUnwindSafe(|| {
-                let c = match compressors.entry(alg) {
+                let c = match compressors.entry((self.name, alg)) {
                     std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(e) => match try_new_compressor(alg) {
+                    std::collections::hash_map::Entry::Vacant(e) => match (self.factory)(alg) {
                         Ok(c) => e.insert(c),
                         Err(_) => return None,
                     },
@@ -276,7 +304,7 @@ impl CpuPool {
                 run_job(c.as_mut(), job, scratch).ok()
             }));
             if r.is_err() {
-                compressors.remove(&alg);
+                compressors.remove(&(self.name, alg));
             }
             r
         });
@@ -306,7 +334,7 @@ impl Drop for CpuPool {
 }
 
 /// One worker: compress tasks until the queue is closed and empty.
-fn worker(queue: &Queue<Task>, counters: Arc<Counters>) {
+fn worker(queue: &Queue<Task>, counters: Arc<Counters>, factory: CompressorFactory) {
     let mut compressors: HashMap<Algorithm, Box<dyn Compressor>> = HashMap::new();
     let mut scratch = Vec::new();
     while let Some(Task { batch, index }) = queue.pop() {
@@ -317,8 +345,7 @@ fn worker(queue: &Queue<Task>, counters: Arc<Counters>) {
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             let compressor = match compressors.entry(batch.alg) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => match try_new_compressor(batch.alg)
-                {
+                std::collections::hash_map::Entry::Vacant(e) => match factory(batch.alg) {
                     Ok(c) => e.insert(c),
                     Err(_) => return None,
                 },

@@ -34,7 +34,7 @@ use crate::state::{max_segments, segment_of, CheckpointHistory, Inner, LogState,
 use crate::stats::VolumeStats;
 use crate::storage::Storage;
 use parking_lot::{Condvar, Mutex, RwLock};
-use squeeze_codec::{CompressEngine, CpuPool};
+use squeeze_codec::CompressEngine;
 use squeeze_format::{
     CheckpointRef, CodecId, CompressionMode, Policy, Superblock, DATA_START, RECORD_HEADER_SIZE,
     SECTOR_SIZE, SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
@@ -93,7 +93,9 @@ pub fn default_policy() -> Policy {
 pub struct OpenOptions {
     /// Open without writing anything (recovery happens in memory only).
     pub read_only: bool,
-    /// Compression engine; default a CPU pool with one thread per core.
+    /// Compression engine; default a CPU pool with one thread per core
+    /// (`squeeze_codec::isal::default_engine`: ISA-L runs deflate:1..=3
+    /// when present).
     pub engine: Option<Arc<dyn CompressEngine>>,
     /// Run the background maintenance thread (periodic checkpoints).
     pub background: bool,
@@ -249,7 +251,9 @@ impl Volume {
     ) -> Result<Volume> {
         let engine = open.engine.clone().unwrap_or_else(|| {
             let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-            Arc::new(CpuPool::new(n))
+            // ISA-L's pool when the build has it (it only changes who runs
+            // deflate:1..=3), else the CPU pool.
+            Arc::new(squeeze_codec::isal::default_engine(n))
         });
         let inner = Arc::new(Inner {
             storage,

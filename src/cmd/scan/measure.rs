@@ -21,17 +21,47 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub const BLOB_SIZES: [usize; 4] = [4 << 10, 16 << 10, 64 << 10, 128 << 10];
 
-/// The configurations `scan` measures, in report order.
-pub fn algorithms() -> Vec<Algorithm> {
-    vec![
-        Algorithm::new(CodecId::Lz4, 0),
-        Algorithm::new(CodecId::Zstd, 1),
-        Algorithm::new(CodecId::Zstd, 3),
-        Algorithm::new(CodecId::Zstd, 9),
-        Algorithm::new(CodecId::Snappy, 0),
-        Algorithm::new(CodecId::Deflate, 1),
-        Algorithm::new(CodecId::Deflate, 6),
-    ]
+/// One configuration `scan` measures: an algorithm, and for deflate
+/// whether ISA-L (the engine volumes use for deflate:1..=3 when present)
+/// or libdeflate runs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub alg: Algorithm,
+    pub isal: bool,
+}
+
+impl std::fmt::Display for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.alg)?;
+        if self.isal {
+            f.write_str(" (isa-l)")?;
+        }
+        Ok(())
+    }
+}
+
+/// The configurations `scan` measures, in report order (deflate:1 and 3
+/// also on ISA-L when the build has it, beside libdeflate).
+pub fn algorithms() -> Vec<Config> {
+    let lib = |alg| Config { alg, isal: false };
+    let mut v = vec![
+        lib(Algorithm::new(CodecId::Lz4, 0)),
+        lib(Algorithm::new(CodecId::Zstd, 1)),
+        lib(Algorithm::new(CodecId::Zstd, 3)),
+        lib(Algorithm::new(CodecId::Zstd, 9)),
+        lib(Algorithm::new(CodecId::Snappy, 0)),
+        lib(Algorithm::new(CodecId::Deflate, 1)),
+        lib(Algorithm::new(CodecId::Deflate, 6)),
+    ];
+    if squeeze_codec::isal::available() {
+        for level in [1, 3] {
+            v.push(Config {
+                alg: Algorithm::new(CodecId::Deflate, level),
+                isal: true,
+            });
+        }
+    }
+    v
 }
 
 /// Sums for one (type, codec, blob size).
@@ -82,7 +112,7 @@ impl Group {
 
 /// Accumulates pieces and measures them a batch at a time.
 pub struct Measurer {
-    algs: Vec<Algorithm>,
+    algs: Vec<Config>,
     threads: usize,
     batch: Vec<(DataType, &'static str, Vec<u8>)>,
     batch_bytes: usize,
@@ -102,7 +132,7 @@ impl Measurer {
         }
     }
 
-    pub fn algs(&self) -> &[Algorithm] {
+    pub fn algs(&self) -> &[Config] {
         &self.algs
     }
 
@@ -175,13 +205,19 @@ impl Measurer {
     }
 }
 
-/// Compresses every blob of `pieces` with `alg` on this thread, then
-/// decompresses the compressed ones; checks the round trip.
-pub fn measure(alg: Algorithm, blob_size: usize, pieces: &[&[u8]]) -> Result<Cell> {
+/// Compresses every blob of `pieces` with `cfg` on this thread, then
+/// decompresses the compressed ones (libdeflate for both deflate
+/// configurations); checks the round trip.
+pub fn measure(cfg: Config, blob_size: usize, pieces: &[&[u8]]) -> Result<Cell> {
+    let alg = cfg.alg;
     let blobs: Vec<&[u8]> = pieces.iter().flat_map(|p| p.chunks(blob_size)).collect();
     let mut outs: Vec<Vec<u8>> = blobs.iter().map(|b| Vec::with_capacity(b.len())).collect();
     let mut sizes: Vec<Option<usize>> = vec![None; blobs.len()];
-    let mut comp = new_compressor(alg);
+    let mut comp = if cfg.isal {
+        squeeze_codec::isal::try_new_compressor(alg)?
+    } else {
+        new_compressor(alg)
+    };
     let t0 = thread_cpu_ns();
     for ((blob, out), size) in blobs.iter().zip(outs.iter_mut()).zip(sizes.iter_mut()) {
         *size = comp.compress(blob, out, blob.len())?;
@@ -209,7 +245,7 @@ pub fn measure(alg: Algorithm, blob_size: usize, pieces: &[&[u8]]) -> Result<Cel
                 cell.raw_decompressed += blob.len() as u64;
                 squeeze_codec::decompress(alg.codec, out, &mut scratch[..blob.len()])?;
                 if scratch[..blob.len()] != **blob {
-                    bail!("{alg} round trip changed a {blob_size}-byte blob");
+                    bail!("{cfg} round trip changed a {blob_size}-byte blob");
                 }
             }
             None => cell.stored += blob.len() as u64,
