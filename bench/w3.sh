@@ -9,7 +9,8 @@
 #   sudo bench/w3.sh                     # REPS=3, SETTLE="0 10 30 60"
 #   REPS=1 SETTLE="0 5" sudo bench/w3.sh
 #
-# Every timed copy runs under `flock $BENCH_LOCK`. Output: one line per copy on stdout (peer,
+# The whole run holds `flock $BENCH_LOCK` (the idle upgrade after each copy uses the CPU as much
+# as the copy; W3_LOCKED=1: the caller holds it already). Output: one line per copy on stdout (peer,
 # seconds, MB/s, du bytes, du ratio, below-target bytes) and per settle sample; raw logs in $OUT.
 # Env: REPS (3), SETTLE ("0 10 30 60"), TAR (~/.cache/squeeze-bench/usr.tar), OUT
 #      (/tmp/squeeze-w3.<time>), BENCH_LOCK (/tmp/bench.lock), PEERS ("raw squeeze squeeze-no-adapt"),
@@ -36,6 +37,11 @@ mkdir -p "$OUT"
 sq_machine "$OUT/machine.txt"
 cat "$OUT/machine.txt" >&2
 TAR_B=$(stat -c %s "$TAR")
+if [[ ${W3_LOCKED:-0} != 1 ]]; then
+  exec 9>"$LOCK"
+  sq_log "waiting for $LOCK"
+  flock 9
+fi
 cat "$TAR" >/dev/null
 
 PID=0
@@ -72,7 +78,7 @@ for ((rep = 1; rep <= REPS; rep++)); do
     fi
     start "$peer" "$dir"
     t0=$(date +%s.%N)
-    flock "$LOCK" nbdcopy "${NBDCOPY_OPTS[@]}" "$TAR" "nbd+unix:///?socket=$dir/nbd.sock" 2>"$dir/nbdcopy.err"
+    nbdcopy "${NBDCOPY_OPTS[@]}" "$TAR" "nbd+unix:///?socket=$dir/nbd.sock" 2>"$dir/nbdcopy.err"
     t1=$(date +%s.%N)
     du=$(du -sB1 "$dir" | cut -f1)
     python3 - "$peer" "$rep" "$t0" "$t1" "$TAR_B" "$du" <<'EOF'

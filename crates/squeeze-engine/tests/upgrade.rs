@@ -6,8 +6,8 @@
 //!
 //! "Under load" is simulated by an engine that compresses with a real CPU
 //! pool but reports a backlog far above the law's threshold, with a law
-//! that steps down at once: every write batch then goes one rung lower
-//! until the bottom (zstd:3, zstd:1, lz4, then raw).
+//! that steps down at once: every write batch goes one rung lower than the
+//! last, until the bottom (zstd:1, lz4, then raw under a zstd:3 target).
 
 mod common;
 use common::*;
@@ -70,7 +70,7 @@ fn create(s: &Arc<SimStorage>, size: usize) {
 }
 
 /// Writes `len` bytes of fio-like data in 1 MiB requests (each a batch: the
-/// first three get zstd:3, zstd:1 and lz4, the rest are stored raw).
+/// first gets zstd:1, the second lz4, the rest are stored raw).
 fn fill(v: &Volume, seed: u64, len: usize) -> Vec<u8> {
     let d = squeeze_codec::testdata::fio_like(len, 60, 4096, seed);
     for (k, c) in d.chunks(MIB).enumerate() {
