@@ -1,6 +1,6 @@
 //! The durability proof: a seeded simulator runs random operation sequences
 //! (write, unaligned write, FUA write, overwrite, trim, write-zeroes, flush,
-//! checkpoint, cleaner pass, merge, compaction, clean reopen, crash between
+//! checkpoint, cleaner pass, merge, upgrade, compaction, clean reopen, crash between
 //! operations, crash at a chosen I/O inside an operation, crash during
 //! recovery, process kill) against a model, on a simulated disk that keeps
 //! a random page-granular subset of unsynced writes at each crash.
@@ -21,6 +21,10 @@
 //! process kill (the page cache survives, the process's memory does not)
 //! the same holds, and nothing acknowledged is lost unless the write-behind
 //! pool held bytes not yet written out.
+//!
+//! A third of the seeds (seed % 3 == 1) run on an engine that reports itself
+//! always behind (`common::Behind`): their writes go below the target codec
+//! and their upgrade passes (and compactions) rewrite them.
 //!
 //! SQUEEZE_SIM_SEEDS=N runs N seeds per path (default 400 here; CI runs
 //! 2000 via the README's test command), SQUEEZE_SIM_SEED=S replays one seed
@@ -130,6 +134,10 @@ struct Rig {
     path: IoPath,
     disk: Arc<SimStorage>,
     wb: Option<Arc<SimWriteBehind>>,
+    /// The volume runs on an engine that reports itself always behind
+    /// (`common::Behind`): client writes go below the target and
+    /// `upgrade_pass` has work.
+    behind: bool,
 }
 
 impl Rig {
@@ -145,7 +153,25 @@ impl Rig {
             };
             Arc::new(SimWriteBehind::new(disk.clone(), config))
         });
-        Rig { path, disk, wb }
+        Rig {
+            path,
+            disk,
+            wb,
+            behind: false,
+        }
+    }
+
+    fn behind(mut self, behind: bool) -> Rig {
+        self.behind = behind;
+        self
+    }
+
+    fn options(&self) -> OpenOptions {
+        if self.behind {
+            behind_options()
+        } else {
+            OpenOptions::default()
+        }
     }
 
     fn storage(&self) -> Arc<dyn Storage> {
@@ -162,12 +188,12 @@ impl Rig {
 }
 
 fn open(rig: &Rig) -> squeeze_engine::Result<Volume> {
-    Volume::open(rig.storage(), OpenOptions::default())
+    Volume::open(rig.storage(), rig.options())
 }
 
 /// Crashes the disk, optionally crashes again during recovery, reopens.
 fn crash_and_recover(r: &mut impl Rng, rig: &Rig, vol: Volume, seed: u64) -> (Rig, Volume) {
-    let mut img = Rig::over(rig.path, rig.disk.crash(r), r);
+    let mut img = Rig::over(rig.path, rig.disk.crash(r), r).behind(rig.behind);
     drop(vol);
     for _ in 0..3 {
         if !r.gen_bool(0.3) {
@@ -184,7 +210,7 @@ fn crash_and_recover(r: &mut impl Rng, rig: &Rig, vol: Volume, seed: u64) -> (Ri
             }
             drop(v);
         }
-        img = Rig::over(rig.path, img.disk.crash(r), r);
+        img = Rig::over(rig.path, img.disk.crash(r), r).behind(rig.behind);
     }
     let v = open(&img).unwrap_or_else(|e| panic!("seed {seed}: recovery failed: {e}"));
     (img, v)
@@ -198,6 +224,8 @@ struct KillStats {
     kills_with_staged: u64,
     /// Sectors that lost an acknowledged, unflushed write to a kill.
     sectors_lost: u64,
+    /// Upgrade passes that rewrote a segment.
+    upgrades: u64,
 }
 
 fn run_seed(path: IoPath, seed: u64) -> KillStats {
@@ -206,10 +234,12 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
     let mut policy = default_policy();
     policy.codec = [CodecId::Lz4, CodecId::Zstd, CodecId::None][r.gen_range(0..3)];
     policy.max_blob = 4096 << r.gen_range(0..6);
-    let mut rig = Rig::over(path, SimStorage::new(), &mut r);
+    // A third of the seeds write below the target (taken from the seed,
+    // not the generator, so every seed's sequence stays what it was).
+    let mut rig = Rig::over(path, SimStorage::new(), &mut r).behind(seed % 3 == 1);
     let mut opts = small_opts(SIZE);
     opts.policy = policy;
-    let mut vol = Volume::create(rig.storage(), &opts).unwrap();
+    let mut vol = Volume::create_with(rig.storage(), &opts, rig.options()).unwrap();
     let mut m = Model::new();
     let steps = r.gen_range(20..80);
     let mut armed = false;
@@ -253,6 +283,11 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
                 }
                 res
             }
+            // Behind seeds upgrade where the others checkpoint, clean,
+            // merge or compact, every other step.
+            73..=79 if rig.behind && step % 2 == 1 => vol.upgrade_pass().map(|rep| {
+                kills.upgrades += u64::from(rep.is_some_and(|r| r.upgraded_bytes > 0));
+            }),
             73..=75 => vol.checkpoint(),
             76..=77 => vol.clean_pass().map(|_| ()),
             78 => vol.merge(|_, _| {}).map(|_| ()),
@@ -277,7 +312,7 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
                 // Process kill now: what reached the disk survives (synced
                 // or not), bytes staged in the process's memory do not.
                 let staged = rig.unwritten_bytes();
-                let img = Rig::over(path, rig.disk.kill(), &mut r);
+                let img = Rig::over(path, rig.disk.kill(), &mut r).behind(rig.behind);
                 drop(vol);
                 rig = img;
                 vol = open(&rig).unwrap_or_else(|e| panic!("seed {seed}: reopen after kill: {e}"));
@@ -348,12 +383,16 @@ fn run_seeds(path: IoPath) -> KillStats {
         all.kills += k.kills;
         all.kills_with_staged += k.kills_with_staged;
         all.sectors_lost += k.sectors_lost;
+        all.upgrades += k.upgrades;
     }
     println!(
         "{path:?}: {n} seeds; {} process kills, {} with staged bytes, {} acknowledged \
-         unflushed sectors lost to them",
-        all.kills, all.kills_with_staged, all.sectors_lost
+         unflushed sectors lost to them; {} upgrade passes",
+        all.kills, all.kills_with_staged, all.sectors_lost, all.upgrades
     );
+    if n >= 60 {
+        assert!(all.upgrades >= 3, "few upgrade passes rewrote anything");
+    }
     all
 }
 

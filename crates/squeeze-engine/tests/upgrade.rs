@@ -12,49 +12,18 @@
 mod common;
 use common::*;
 use rand::Rng;
-use squeeze_codec::{Algorithm, CompressEngine, CpuPool, Job, JobResult};
-use squeeze_engine::pipeline::adapt::{Law, LAW_DEFAULT};
 use squeeze_engine::{default_policy, OpenOptions, SimFaults, SimStorage, Volume};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const MIB: usize = 1 << 20;
 
-/// A real CPU pool that reports itself always far behind.
-struct Behind(CpuPool);
-
-impl CompressEngine for Behind {
-    fn name(&self) -> &str {
-        "behind"
-    }
-    fn threads(&self) -> usize {
-        self.0.threads()
-    }
-    fn backlog_bytes(&self) -> u64 {
-        1 << 40
-    }
-    fn submit(&self, alg: Algorithm, jobs: Vec<Job>, done: Box<dyn FnOnce(Vec<JobResult>) + Send>) {
-        self.0.submit(alg, jobs, done)
-    }
-    fn compress_batch(&self, alg: Algorithm, jobs: Vec<Job>) -> Vec<JobResult> {
-        self.0.compress_batch(alg, jobs)
-    }
-}
-
-/// Steps down at every batch while the backlog is high.
-const AT_ONCE: Law = Law {
-    down_hold_ns: 0,
-    ..LAW_DEFAULT
-};
-
 fn open_behind(s: &Arc<SimStorage>, background: bool) -> Volume {
     Volume::open(
         s.clone(),
         OpenOptions {
-            engine: Some(Arc::new(Behind(CpuPool::new(1)))),
-            adapt_law: Some(AT_ONCE),
             background,
-            ..Default::default()
+            ..behind_options()
         },
     )
     .unwrap()
