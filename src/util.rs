@@ -122,11 +122,16 @@ pub fn human(bytes: u64) -> String {
 }
 
 /// Opens a volume file for reading and writing.
+///
+/// Offline tools (import, compact, set) always write with the policy's
+/// codec: no client waits on them, so the adaptive codec has nothing to
+/// save and its bytes would wait for an upgrade.
 pub fn open_volume(path: &Path, background: bool) -> Result<Volume> {
     open_volume_with(
         path,
         OpenOptions {
             background,
+            no_adapt: true,
             ..Default::default()
         },
     )
