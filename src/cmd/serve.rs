@@ -69,7 +69,7 @@ pub struct Args {
     pub no_idle_merge: bool,
     /// Always compress writes with the policy's algorithm. By default a
     /// write batch takes a faster codec of the ladder under it (zstd:3 ->
-    /// zstd:1 -> lz4 -> raw) while the compression threads are behind, and
+    /// zstd:1 -> lz4) while the compression threads are behind, and
     /// the bytes written so are recompressed with the policy's algorithm
     /// when clients are idle (docs/ARCHITECTURE.md, "Adaptive write codec").
     #[arg(long)]

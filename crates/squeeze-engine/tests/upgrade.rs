@@ -7,7 +7,7 @@
 //! "Under load" is simulated by an engine that compresses with a real CPU
 //! pool but reports a backlog far above the law's threshold, with a law
 //! that steps down at once: every write batch goes one rung lower than the
-//! last, until the bottom (zstd:1, lz4, then raw under a zstd:3 target).
+//! last, until the bottom (zstd:1, then lz4 under a zstd:3 target).
 
 mod common;
 use common::*;
@@ -39,7 +39,7 @@ fn create(s: &Arc<SimStorage>, size: usize) {
 }
 
 /// Writes `len` bytes of fio-like data in 1 MiB requests (each a batch: the
-/// first gets zstd:1, the second lz4, the rest are stored raw).
+/// first gets zstd:1, the rest lz4).
 fn fill(v: &Volume, seed: u64, len: usize) -> Vec<u8> {
     let d = squeeze_codec::testdata::fio_like(len, 60, 4096, seed);
     for (k, c) in d.chunks(MIB).enumerate() {
@@ -65,7 +65,7 @@ fn upgrade_passes_bring_the_volume_to_the_target_ratio() {
     let before = v.stats();
     assert!(before.below_target_bytes >= 7 * MIB as u64, "{before:?}");
     assert_eq!(before.below_target_pending_bytes, before.below_target_bytes);
-    assert!(before.bytes_per_algorithm["none"] > 4 * MIB as u64);
+    assert!(before.bytes_per_algorithm["lz4"] >= 7 * MIB as u64);
     let mut passes = 0;
     while let Some(r) = v.upgrade_pass().unwrap() {
         assert!(r.upgraded_bytes > 0 || r.corrupt_records == 0);
@@ -82,8 +82,10 @@ fn upgrade_passes_bring_the_volume_to_the_target_ratio() {
         "{}",
         after.below_target_pending_bytes
     );
+    // (fio's data compresses about as well with lz4 as with zstd:3: the
+    // gain is small here, large on real files: docs/benchmarks.md.)
     assert!(
-        after.compression_ratio > 1.5 * before.compression_ratio.max(1.0) / 1.2,
+        after.compression_ratio > before.compression_ratio,
         "ratio {} -> {}",
         before.compression_ratio,
         after.compression_ratio
@@ -112,9 +114,10 @@ fn compact_upgrades_after_a_reopen_by_codec() {
     assert!(before.below_target_bytes > 0);
     let rep = v.compact(|_, _| {}).unwrap();
     let after = v.stats();
-    // The lz4 batch is found by its codec and rewritten with zstd; raw
-    // records are not (incompressible data is raw at any rung).
-    assert!(rep.upgraded_bytes >= MIB as u64, "{rep:?}");
+    // The lz4 batches are found by their codec and rewritten with zstd (the
+    // zstd:1 one is not: its header says zstd).
+    // The head segment is not sealed: compact leaves what is in it.
+    assert!(rep.upgraded_bytes >= 3 * MIB as u64, "{rep:?}");
     assert_eq!(after.upgraded_bytes, rep.upgraded_bytes);
     assert!(read_all(&v, 8 * MIB) == model[..]);
     v.verify_accounting().unwrap();

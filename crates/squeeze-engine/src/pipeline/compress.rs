@@ -97,8 +97,7 @@ impl Item {
 
 /// Encodes the pieces of `buf` with `alg`: the policy's target, or for
 /// client writes under load a rung of the ladder under it
-/// ([`ActivePolicy::write_algorithm`]); with a rung of codec none the blobs
-/// the policy would compress are stored raw. Returns the items and the CPU
+/// ([`ActivePolicy::write_algorithm`]). Returns the items and the CPU
 /// nanoseconds the codec spent.
 ///
 /// The engine's jobs need an owned input: `shared`, when given, is a buffer
