@@ -235,8 +235,13 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
     policy.codec = [CodecId::Lz4, CodecId::Zstd, CodecId::None][r.gen_range(0..3)];
     policy.max_blob = 4096 << r.gen_range(0..6);
     // A third of the seeds write below the target (taken from the seed,
-    // not the generator, so every seed's sequence stays what it was).
-    let mut rig = Rig::over(path, SimStorage::new(), &mut r).behind(seed % 3 == 1);
+    // not the generator, so every seed's sequence stays what it was), with
+    // a zstd target (zstd:3 -> zstd:1 -> lz4: something to upgrade).
+    let behind = seed % 3 == 1;
+    if behind {
+        policy.codec = CodecId::Zstd;
+    }
+    let mut rig = Rig::over(path, SimStorage::new(), &mut r).behind(behind);
     let mut opts = small_opts(SIZE);
     opts.policy = policy;
     let mut vol = Volume::create_with(rig.storage(), &opts, rig.options()).unwrap();
@@ -390,7 +395,9 @@ fn run_seeds(path: IoPath) -> KillStats {
          unflushed sectors lost to them; {} upgrade passes",
         all.kills, all.kills_with_staged, all.sectors_lost, all.upgrades
     );
-    if n >= 60 {
+    // A 4 MiB volume seals few segments: about one seed in forty upgrades
+    // one (the dedicated power-cut test is `tests/upgrade.rs`).
+    if n >= 400 {
         assert!(all.upgrades >= 3, "few upgrade passes rewrote anything");
     }
     all
