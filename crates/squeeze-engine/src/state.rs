@@ -83,6 +83,11 @@ pub(crate) struct CheckpointHistory {
     /// The next checkpoint must be a base: the chain is in format 1, or a
     /// checkpoint failed after taking the map's record of changes.
     pub need_base: bool,
+    /// A base is due once the deltas reach `rebase_factor` times the base
+    /// and at least `rebase_min_bytes` (`meta::checkpoint::REBASE_*`;
+    /// tests lower them to write bases often).
+    pub rebase_factor: u64,
+    pub rebase_min_bytes: u64,
 }
 
 /// How the last open went (for stats and logs).

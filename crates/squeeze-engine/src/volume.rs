@@ -222,6 +222,8 @@ impl Volume {
             delta_bytes: rec.chain.delta_bytes,
             deltas: rec.chain.deltas,
             need_base: !rec.chain.takes_deltas,
+            rebase_factor: checkpoint::REBASE_FACTOR,
+            rebase_min_bytes: checkpoint::REBASE_MIN_BYTES,
         };
         if !vol.inner.read_only {
             Self::settle_after_open(&vol, needs_checkpoint, rec.replayed)?;
@@ -297,6 +299,8 @@ impl Volume {
                 delta_bytes: 0,
                 deltas: 0,
                 need_base: true,
+                rebase_factor: checkpoint::REBASE_FACTOR,
+                rebase_min_bytes: checkpoint::REBASE_MIN_BYTES,
             }),
             opened: Mutex::new(OpenReport::default()),
             cleaner_lock: Mutex::new(()),
@@ -330,6 +334,16 @@ impl Volume {
             allocator,
             closed: false,
         })
+    }
+
+    /// Sets when a checkpoint writes a new base instead of a delta: once
+    /// the deltas reach `factor` times the base and at least `min_bytes`.
+    /// For tests that want bases often; the defaults suit every volume.
+    #[doc(hidden)]
+    pub fn set_rebase_threshold(&self, factor: u64, min_bytes: u64) {
+        let mut h = self.inner.ckpt_history.lock();
+        h.rebase_factor = factor;
+        h.rebase_min_bytes = min_bytes;
     }
 
     /// Logical size in bytes.

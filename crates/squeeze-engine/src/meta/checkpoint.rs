@@ -77,7 +77,7 @@ fn wants_base(inner: &Inner) -> bool {
     h.need_base
         || version < FORMAT_VERSION
         || len == 0
-        || h.delta_bytes >= (REBASE_FACTOR * h.base_bytes).max(REBASE_MIN_BYTES)
+        || h.delta_bytes >= (h.rebase_factor * h.base_bytes).max(h.rebase_min_bytes)
 }
 
 /// Writes a checkpoint; with `clean`, also marks the volume cleanly closed.
