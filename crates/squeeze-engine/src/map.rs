@@ -490,10 +490,7 @@ impl SectorMap {
         let mut entries = [MapEntry::UNMAPPED; CHUNK_ENTRIES];
         for (&c, bits) in dirty {
             let base = c * CHUNK_ENTRIES as u64;
-            match self.chunks.get(&c) {
-                Some(ch) => ch.get_range(0, &mut entries),
-                None => entries.fill(MapEntry::UNMAPPED),
-            }
+            let ch = self.chunks.get(&c);
             let mut i = 0;
             while i < CHUNK_ENTRIES {
                 if !is_marked(bits, i) {
@@ -504,7 +501,12 @@ impl SectorMap {
                 while i < CHUNK_ENTRIES && is_marked(bits, i) {
                     i += 1;
                 }
-                group_runs(base + start as u64, &entries[start..i], true, &mut f);
+                let span = &mut entries[start..i];
+                match ch {
+                    Some(ch) => ch.get_range(start as u16, span),
+                    None => span.fill(MapEntry::UNMAPPED),
+                }
+                group_runs(base + start as u64, span, true, &mut f);
             }
         }
     }

@@ -106,17 +106,17 @@ fn a_base_restarts_the_chain_and_the_old_chain_is_freed() {
             v.flush().unwrap();
             let img = Arc::new(s.kill());
             let v2 = Volume::open(img.clone() as Arc<_>, Default::default()).unwrap();
-            assert!(read_all(&v2, 64 * MIB) == model, "crash after checkpoint {k}");
+            assert!(
+                read_all(&v2, 64 * MIB) == model,
+                "crash after checkpoint {k}"
+            );
             v2.close().unwrap();
         }
     }
     assert!(bases >= 4 && saw_deltas, "{bases} bases");
     // The old chains' segments came back: no checkpoint segment leaks.
     let settled = &free_at[20..];
-    let (lo, hi) = (
-        settled.iter().min().unwrap(),
-        settled.iter().max().unwrap(),
-    );
+    let (lo, hi) = (settled.iter().min().unwrap(), settled.iter().max().unwrap());
     assert!(hi - lo <= 3, "free segments drift: {free_at:?}");
     v.close().unwrap();
     let v = reopen(&s);
