@@ -36,6 +36,11 @@ struct Args {
     mapped: u64,
     overwrite: u64,
     child: bool,
+    /// Keep the volume afterwards (for --reopen).
+    keep: bool,
+    /// Only open the volume a --keep run left (after its crash, or a
+    /// previous --reopen's close) and report the open.
+    reopen: bool,
 }
 
 fn size(s: &str) -> u64 {
@@ -58,6 +63,8 @@ fn args() -> Args {
         mapped: 2 << 30,
         overwrite: 8 << 30,
         child: false,
+        keep: false,
+        reopen: false,
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -70,6 +77,14 @@ fn args() -> Args {
             "--overwrite" => a.overwrite = size(&val()),
             "--child" => {
                 a.child = true;
+                i -= 1;
+            }
+            "--keep" => {
+                a.keep = true;
+                i -= 1;
+            }
+            "--reopen" => {
+                a.reopen = true;
                 i -= 1;
             }
             other => panic!("unknown argument {other}"),
@@ -196,7 +211,18 @@ fn main() {
     result["checkpoint_deltas"] = s.checkpoint_deltas.into();
     result["checkpoint_delta_bytes"] = s.checkpoint_delta_bytes.into();
     result["map_memory_bytes_after_open"] = s.map_memory_bytes.into();
+    if a.reopen {
+        // Leave it as the crash left it for the next --reopen.
+        std::process::exit(print(&result));
+    }
     vol.close().expect("close");
-    println!("{}", serde_json::to_string_pretty(&result).expect("json"));
-    let _ = std::fs::remove_dir_all(&a.dir);
+    print(&result);
+    if !a.keep {
+        let _ = std::fs::remove_dir_all(&a.dir);
+    }
+}
+
+fn print(v: &serde_json::Value) -> i32 {
+    println!("{}", serde_json::to_string_pretty(v).expect("json"));
+    0
 }

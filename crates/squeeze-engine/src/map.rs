@@ -174,6 +174,78 @@ impl Chunk {
         }
     }
 
+    /// Sets sectors `i..i + n` to consecutive entries from `first` (all
+    /// unmapped when it is): one splice of the run list instead of `n`
+    /// single sets (loading a checkpoint delta).
+    fn set_span(&mut self, i: u16, n: u16, first: MapEntry) {
+        let end = i + n;
+        match self {
+            Chunk::Dense { entries, mapped } => {
+                for k in 0..n {
+                    let e = if first.is_mapped() {
+                        first.with_index(first.index() + u32::from(k))
+                    } else {
+                        MapEntry::UNMAPPED
+                    };
+                    let old = std::mem::replace(&mut entries[usize::from(i + k)], e);
+                    *mapped = *mapped + u32::from(e.is_mapped()) - u32::from(old.is_mapped());
+                }
+            }
+            Chunk::Runs { runs, mapped } => {
+                let k0 = runs.partition_point(|r| r.end() <= i);
+                let k1 = runs.partition_point(|r| r.start < end);
+                let mut removed = 0u32;
+                let mut with: Vec<Run> = Vec::with_capacity(3);
+                for r in &runs[k0..k1.max(k0)] {
+                    removed += u32::from(r.end().min(end) - r.start.max(i));
+                }
+                if let Some(r) = runs.get(k0).filter(|r| k0 < k1 && r.start < i) {
+                    with.push(Run {
+                        start: r.start,
+                        len: i - r.start,
+                        first: r.first,
+                    });
+                }
+                if first.is_mapped() {
+                    with.push(Run {
+                        start: i,
+                        len: n,
+                        first,
+                    });
+                }
+                if k1 > k0 {
+                    let r = runs[k1 - 1];
+                    if r.end() > end {
+                        with.push(Run {
+                            start: end,
+                            len: r.end() - end,
+                            first: r.entry(end),
+                        });
+                    }
+                }
+                let added = with.len();
+                runs.splice(k0..k1.max(k0), with);
+                // Join what the splice made adjacent and joinable.
+                let lo = k0.saturating_sub(1);
+                let mut k = (k0 + added).min(runs.len().saturating_sub(1));
+                while k > lo {
+                    let (p, q) = (runs[k - 1], runs[k]);
+                    if p.end() == q.start && follows(p.entry(p.end() - 1), q.first) {
+                        runs[k - 1].len += q.len;
+                        runs.remove(k);
+                    }
+                    k -= 1;
+                }
+                *mapped = *mapped - removed + if first.is_mapped() { u32::from(n) } else { 0 };
+                if runs.len() > RUNS_MAX {
+                    let entries = self.to_dense();
+                    let m = self.mapped();
+                    *self = Chunk::Dense { entries, mapped: m };
+                }
+            }
+        }
+    }
+
     fn memory_bytes(&self) -> usize {
         match self {
             Chunk::Dense { .. } => CHUNK_ENTRIES * 8,
@@ -390,25 +462,41 @@ impl SectorMap {
         old
     }
 
-    /// Sets the sectors of a run read from a checkpoint delta.
+    /// Sets the sectors of a run read from a checkpoint delta (loading: not
+    /// recorded as a change).
     pub fn apply_run(&mut self, r: MapRun) {
         let mut lba = r.lba;
         while lba < r.end() {
             let (c, i) = split(lba);
-            let n = (CHUNK_ENTRIES as u64 - u64::from(i)).min(r.end() - lba);
-            if n == CHUNK_ENTRIES as u64 && !r.first.is_mapped() {
-                // A whole chunk unmapped (a large trim): drop it at once.
-                if let Some(old) = self.chunks.remove(&c) {
-                    self.mapped -= u64::from(old.mapped());
-                    self.weight -= old.weight();
-                    self.dirty.insert(c, [u64::MAX; CHUNK_ENTRIES / 64]);
+            let n = (CHUNK_ENTRIES as u64 - u64::from(i)).min(r.end() - lba) as u16;
+            let first = r.entry((lba - r.lba) as u32);
+            match self.chunks.get_mut(&c) {
+                Some(ch) => {
+                    let (before_w, before_m) = (ch.weight(), ch.mapped());
+                    ch.set_span(i, n, first);
+                    self.weight = self.weight + ch.weight() - before_w;
+                    self.mapped = self.mapped + u64::from(ch.mapped()) - u64::from(before_m);
+                    if ch.mapped() == 0 {
+                        self.weight -= ch.weight();
+                        self.chunks.remove(&c);
+                    }
                 }
-            } else {
-                for k in 0..n {
-                    self.set(lba + k, r.entry((lba + k - r.lba) as u32));
+                None if first.is_mapped() => {
+                    let ch = Chunk::Runs {
+                        runs: vec![Run {
+                            start: i,
+                            len: n,
+                            first,
+                        }],
+                        mapped: u32::from(n),
+                    };
+                    self.weight += ch.weight();
+                    self.mapped += u64::from(n);
+                    self.chunks.insert(c, ch);
                 }
+                None => {}
             }
-            lba += n;
+            lba += u64::from(n);
         }
     }
 
@@ -791,6 +879,51 @@ mod tests {
             let mut runs = 0;
             m.for_each_run(|_| runs += 1);
             assert!(m.weight() >= runs, "weight {} < {runs} runs", m.weight());
+        }
+    }
+
+    /// Applying a run splices the run list exactly as setting each of its
+    /// sectors would.
+    #[test]
+    fn apply_run_matches_setting_each_sector() {
+        let mut r = rand::rngs::StdRng::seed_from_u64(5);
+        let span = 3 * CHUNK_ENTRIES as u64;
+        let mut fast = SectorMap::new();
+        let mut slow = SectorMap::new();
+        for k in 0..20_000u64 {
+            let lba = r.gen_range(0..span);
+            let n = r.gen_range(1..=40u64).min(span - lba) as u32;
+            let first = match r.gen_range(0..5) {
+                0 => MapEntry::UNMAPPED,
+                // 32-sector extents, entered anywhere that leaves room.
+                _ => blob((1 << 20) + k * 131_200, 32, r.gen_range(0..=32 - n.min(32))),
+            };
+            let n = if first.is_mapped() {
+                n.min(32 - first.index())
+            } else {
+                n
+            };
+            let run = MapRun {
+                lba,
+                sectors: n,
+                first,
+            };
+            fast.apply_run(run);
+            for i in 0..n {
+                slow.set(lba + u64::from(i), run.entry(i));
+            }
+            if k % 1000 == 0 {
+                assert_eq!(
+                    fast.iter_mapped().collect::<Vec<_>>(),
+                    slow.iter_mapped().collect::<Vec<_>>(),
+                    "after {k} runs"
+                );
+                assert_eq!(fast.mapped(), slow.mapped());
+                assert_eq!(fast.chunk_count(), slow.chunk_count());
+                let mut runs = 0;
+                fast.for_each_run(|_| runs += 1);
+                assert!(fast.weight() >= runs);
+            }
         }
     }
 
