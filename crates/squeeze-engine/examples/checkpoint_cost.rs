@@ -190,16 +190,20 @@ fn main() {
         child(&a);
         return;
     }
-    let _ = std::fs::remove_dir_all(&a.dir);
-    std::fs::create_dir_all(&a.dir).expect("create --dir");
-    let out = std::process::Command::new(std::env::current_exe().expect("own path"))
-        .args(std::env::args().skip(1))
-        .arg("--child")
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .expect("run the workload");
-    assert!(out.status.success(), "workload failed");
-    let mut result: serde_json::Value = serde_json::from_slice(&out.stdout).expect("workload JSON");
+    let mut result = if a.reopen {
+        serde_json::json!({})
+    } else {
+        let _ = std::fs::remove_dir_all(&a.dir);
+        std::fs::create_dir_all(&a.dir).expect("create --dir");
+        let out = std::process::Command::new(std::env::current_exe().expect("own path"))
+            .args(std::env::args().skip(1))
+            .arg("--child")
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run the workload");
+        assert!(out.status.success(), "workload failed");
+        serde_json::from_slice(&out.stdout).expect("workload JSON")
+    };
     let t = Instant::now();
     let storage = Arc::new(FileStorage::open(&path(&a)).expect("open the backing file"));
     let vol = Volume::open(storage, OpenOptions::default()).expect("open after the crash");
