@@ -4,7 +4,10 @@
   pg_fillfactor.py record RUN_DIR     one run's files -> one JSON line on stdout
   pg_fillfactor.py row RUN_DIR        one run in one human line (progress)
   pg_fillfactor.py table OUT_BASE     results.jsonl -> markdown tables on stdout
-  pg_fillfactor.py write-sizes LOG    `squeeze serve` trace log -> NBD WRITE lengths and alignment
+  pg_fillfactor.py write-sizes LOG [RUN_DIR...]
+                                      `squeeze serve` trace log -> NBD WRITE lengths and alignment;
+                                      with the runs' trace-window.txt and extents.txt: whether each
+                                      8 KiB page of a relation file reached squeeze in one WRITE
 
 A RUN_DIR holds meta.txt, sizes-run.txt, sizes-loaded.txt, upd.txt, wal.txt ("key value"
 lines), run.out (pgbench's or sysbench's report), txlog* (pgbench's per-transaction log) and,
@@ -25,6 +28,16 @@ LOOP_FIELDS = [
     "discard_ios", "discard_merges", "discard_sectors", "discard_ticks",
     "flush_ios", "flush_ticks",
 ]
+
+
+def read(path):
+    with open(path, errors="replace") as fh:
+        return fh.read()
+
+
+def load_json(path):
+    with open(path) as fh:
+        return json.load(fh)
 
 
 def kv(path):
@@ -59,7 +72,7 @@ def percentile(sorted_vals, p):
 
 def pgbench_result(d):
     """TPS from run.out, latencies (ms) from the per-transaction logs."""
-    text = open(os.path.join(d, "run.out")).read()
+    text = read(os.path.join(d, "run.out"))
     m = re.search(r"^tps = ([\d.]+)", text, re.M)
     tps = float(m.group(1)) if m else None
     m = re.search(r"number of transactions actually processed: (\d+)", text)
@@ -113,7 +126,7 @@ def hist_percentile(hist, p):
 
 
 def sysbench_result(d):
-    text = open(os.path.join(d, "run.out")).read()
+    text = read(os.path.join(d, "run.out"))
     m = re.search(r"transactions:\s+(\d+)\s+\(([\d.]+) per sec", text)
     txs, tps = (int(m.group(1)), float(m.group(2))) if m else (None, None)
     m = re.search(r"avg:\s+([\d.]+)", text)
@@ -161,7 +174,7 @@ def record(d):
     r["stack_cpu_seconds"] = (num(meta.get("stack_cpu_ticks")) or 0) / tck
     vb, va = os.path.join(d, "vol-before.json"), os.path.join(d, "vol-after.json")
     if os.path.exists(vb) and os.path.exists(va):
-        b, a = json.load(open(vb)), json.load(open(va))
+        b, a = load_json(vb), load_json(va)
         r["squeeze_run"] = {
             k: a[k] - b[k]
             for k in ("bytes_written", "log_bytes_written", "checkpoint_bytes_written",
@@ -240,7 +253,7 @@ def median(vals):
 
 def table(out_base):
     rows = load(out_base)
-    machine = open(os.path.join(out_base, "machine.txt")).read().strip()
+    machine = read(os.path.join(out_base, "machine.txt")).strip()
     print("Machine and settings:\n")
     print("```\n" + machine + "\n```\n")
     workloads = [w for w in ("pgbench", "sysbench") if any(r["workload"] == w for r in rows)]
@@ -306,7 +319,7 @@ def table(out_base):
     for s in sides:
         p = os.path.join(out_base, f"volume-{s}.json")
         if os.path.exists(p):
-            v = json.load(open(p))
+            v = load_json(p)
             if s == "squeeze":
                 print(f"Whole squeeze volume at the end (WAL, catalogs, file system): physical "
                       f"{v['physical_bytes'] / MIB:.0f} MiB, stored {v['stored_bytes'] / MIB:.0f} MiB, "
@@ -320,23 +333,126 @@ def table(out_base):
     for s in sides:
         p = os.path.join(out_base, f"pg_test_fsync-{s}.txt")
         if os.path.exists(p):
-            m = re.search(r"^\s*fdatasync\s+([\d.,]+) ops/sec\s+([\d.,]+) usecs/op", open(p).read(), re.M)
+            m = re.search(r"^\s*fdatasync\s+([\d.,]+) ops/sec\s+([\d.,]+) usecs/op", read(p), re.M)
             if m:
                 print(f"pg_test_fsync on {s}: one 8 KiB write + fdatasync: {m.group(1)} ops/s, "
                       f"{m.group(2)} us/op.\n")
 
 
-def write_sizes(log):
-    """NBD WRITE requests in a `squeeze serve` trace log: lengths, 8 KiB alignment."""
-    pat = re.compile(r'cmd="(\w+)" offset=(\d+) len=(\d+)')
+TRACE_RE = re.compile(r'^(\S+) .*cmd="(\w+)" offset=(\d+) len=(\d+)')
+EXTENT_RE = re.compile(r"^\s*\d+:\s+(\d+)\.\.\s*(\d+):\s+(\d+)\.\.\s*(\d+):\s+(\d+):")
+
+
+def trace_requests(log):
+    """(timestamp, cmd, offset, length) of every request in a `squeeze serve` trace log."""
+    with open(log, errors="replace") as fh:
+        for line in fh:
+            m = TRACE_RE.search(line)
+            if m:
+                yield m.group(1), m.group(2), int(m.group(3)), int(m.group(4))
+
+
+def extents(path, block=4096):
+    """[(device_start, device_end, file, file_offset)] from bench's `filefrag -e` dump."""
+    out = []
+    name = None
+    with open(path) as fh:
+        for line in fh:
+            if line.startswith("FILE "):
+                name = line[5:].strip()
+                continue
+            m = re.search(r"blocks of (\d+) bytes", line)
+            if m:
+                block = int(m.group(1))
+                continue
+            m = EXTENT_RE.match(line)
+            if m and name:
+                lstart, _lend, pstart, _pend, n = (int(g) for g in m.groups())
+                out.append((pstart * block, (pstart + n) * block, name, lstart * block))
+    out.sort()
+    return out
+
+
+def kind(name):
+    if name.startswith("pg_wal/"):
+        return "wal"
+    if name.startswith("base/") or name.startswith("global/"):
+        return "relation"
+    return "other file"
+
+
+def pages_in_writes(log, run_dirs, page=8192, max_blob=131072):
+    """For each run with a trace window and an extent dump: how the relation files' 8 KiB
+    pages reached squeeze (whole in one WRITE or split over two; inside one blob or across the
+    blob cut squeeze makes every max_blob bytes from the start of a WRITE)."""
+    import bisect
+    reqs = list(trace_requests(log))
+    total = {}
+    for d in run_dirs:
+        wf, ef = os.path.join(d, "trace-window.txt"), os.path.join(d, "extents.txt")
+        if not (os.path.exists(wf) and os.path.exists(ef)):
+            continue
+        win = kv(wf)
+        ext = extents(ef)
+        starts = [e[0] for e in ext]
+        c = {"writes": 0, "bytes": 0, "wal": 0, "relation": 0, "other file": 0, "unmapped": 0,
+             "pages_whole": 0, "pages_split": 0, "pages_across_blob_cut": 0}
+        for ts, cmd, off, ln in reqs:
+            if cmd != "write" or not (win["from"] <= ts <= win.get("to", "~")):
+                continue
+            c["writes"] += 1
+            c["bytes"] += ln
+            end = off + ln
+            i = max(0, bisect.bisect_right(starts, off) - 1)
+            kinds = set()
+            mapped = 0
+            while i < len(ext) and ext[i][0] < end:
+                ds, de, name, fo = ext[i]
+                lo, hi = max(ds, off), min(de, end)
+                i += 1
+                if lo >= hi:
+                    continue
+                mapped += hi - lo
+                k = kind(name)
+                kinds.add(k)
+                if k != "relation":
+                    continue
+                # the file range this WRITE carries: [fo + lo - ds, fo + hi - ds)
+                f0, f1 = fo + lo - ds, fo + hi - ds
+                first, last = f0 // page, (f1 - 1) // page
+                for pg_no in range(first, last + 1):
+                    p0, p1 = pg_no * page, (pg_no + 1) * page
+                    if p0 < f0 or p1 > f1:
+                        c["pages_split"] += 1
+                        continue
+                    c["pages_whole"] += 1
+                    r = lo + (p0 - f0) - off  # the page's place in the WRITE
+                    if r // max_blob != (r + page - 1) // max_blob:
+                        c["pages_across_blob_cut"] += 1
+            for k in kinds:
+                c[k] += 1
+            if mapped < ln:
+                c["unmapped"] += 1
+        name = os.path.basename(d.rstrip("/"))
+        print(f"{name}: {c['writes']} WRITEs ({c['bytes'] / MIB:.1f} MiB) in the run and its checkpoint; "
+              f"touching WAL {c['wal']}, relation files {c['relation']}, other files {c['other file']}, "
+              f"not in any file (journal, metadata) {c['unmapped']}; relation pages: whole in one WRITE "
+              f"{c['pages_whole']}, split over two WRITEs {c['pages_split']}, whole but across a "
+              f"{max_blob // 1024} KiB blob cut {c['pages_across_blob_cut']}")
+        for k, v in c.items():
+            total[k] = total.get(k, 0) + v
+    if total:
+        print(f"all runs: relation pages whole in one WRITE {total['pages_whole']}, split over two "
+              f"WRITEs {total['pages_split']}, whole but across a blob cut {total['pages_across_blob_cut']}")
+
+
+def write_sizes(log, run_dirs=()):
+    """NBD WRITE requests in a `squeeze serve` trace log: lengths, 8 KiB alignment; then,
+    with run directories, where the relation files' pages went (pages_in_writes)."""
     lens = {}
     cmds = {}
     writes = aligned8 = crosses128 = 0
-    for line in open(log, errors="replace"):
-        m = pat.search(line)
-        if not m:
-            continue
-        cmd, off, ln = m.group(1), int(m.group(2)), int(m.group(3))
+    for _ts, cmd, off, ln in trace_requests(log):
         cmds[cmd] = cmds.get(cmd, 0) + 1
         if cmd != "write":
             continue
@@ -346,7 +462,8 @@ def write_sizes(log):
             aligned8 += 1
         if ln <= 131072 and off // 131072 != (off + ln - 1) // 131072:
             crosses128 += 1
-    print("requests: " + ", ".join(f"{k} {v}" for k, v in sorted(cmds.items())))
+    print("whole trace (pg_test_fsync's O_DIRECT 1-16 KiB writes included): requests: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(cmds.items())))
     if not writes:
         print("no WRITE requests")
         return
@@ -356,10 +473,13 @@ def write_sizes(log):
     print("most common lengths:")
     for ln, c in sorted(lens.items(), key=lambda kv: -kv[1])[:12]:
         print(f"  {ln:>9} bytes: {c} ({100.0 * c / writes:.1f}%)")
+    if run_dirs:
+        pages_in_writes(log, run_dirs)
 
 
 def main(argv):
-    if len(argv) != 3 or argv[1] not in ("record", "row", "table", "write-sizes"):
+    if len(argv) < 3 or argv[1] not in ("record", "row", "table", "write-sizes") \
+            or (len(argv) > 3 and argv[1] != "write-sizes"):
         sys.exit(__doc__)
     cmd, arg = argv[1], argv[2]
     if cmd == "record":
@@ -369,7 +489,7 @@ def main(argv):
     elif cmd == "table":
         table(arg)
     else:
-        write_sizes(arg)
+        write_sizes(arg, argv[3:])
 
 
 if __name__ == "__main__":

@@ -46,8 +46,13 @@
 #      SIDES ("squeeze plain"), PGB_SCALE (20; quick 2), SB_ROWS (1000000; quick 100000),
 #      RUN_SECS (60; quick 5), CLIENTS (8), VOL_SIZE (16G), SHARED_BUFFERS (256MB),
 #      SQUEEZE_SERVE_ARGS (extra `serve` options), NBDFUSE_ARGS (extra nbdfuse options),
-#      TRACE (0; 1: the server logs every NBD request and bench/pg_fillfactor.py write-sizes
-#      summarises the WRITE lengths and alignment: slow, for the probe, not for timing),
+#      PG_EXTRA_CONF (lines appended to postgresql.conf on every side, e.g.
+#      "full_page_writes = off" to measure what full-page images cost: not a safe setting, see
+#      docs/DATABASES.md), PG_INITDB_ARGS (e.g. --data-checksums),
+#      TRACE (0; 1: the server logs every NBD request, and bench/pg_fillfactor.py write-sizes
+#      summarises the WRITE lengths, and, from each file's extents (filefrag) and the trace of
+#      the run and the CHECKPOINT after it, whether every 8 KiB page of a relation file reached
+#      squeeze whole in one WRITE and inside one blob: slow, for the probe, not for timing),
 #      SETTLE_SECS (60), BENCH_LOCK (/tmp/bench.lock), INSTALL (1), CARGO_TARGET_DIR, BIN (a squeeze
 #      binary to use instead of building one).
 # The measuring part runs under `flock $BENCH_LOCK`. Needs root (loop devices, mounts, FUSE).
@@ -139,7 +144,7 @@ sq_machine "$OUT_BASE/machine.txt" "$SCRATCH"
   echo "sysbench: $(sysbench --version)"
   echo "nbdfuse: $(nbdfuse --version | head -n1)"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "settings: mode=$([[ $QUICK == 1 ]] && echo quick || echo full) pgbench_scale=$PGB_SCALE sysbench_rows=$SB_ROWS run_secs=$RUN_SECS clients=$CLIENTS shared_buffers=$SHARED_BUFFERS vol_size=$VOL_SIZE fillfactors=\"$FILLFACTORS\" serve_args=\"${SQUEEZE_SERVE_ARGS:-}\""
+  echo "settings: mode=$([[ $QUICK == 1 ]] && echo quick || echo full) pgbench_scale=$PGB_SCALE sysbench_rows=$SB_ROWS run_secs=$RUN_SECS clients=$CLIENTS shared_buffers=$SHARED_BUFFERS vol_size=$VOL_SIZE fillfactors=\"$FILLFACTORS\" serve_args=\"${SQUEEZE_SERVE_ARGS:-}\" pg_extra_conf=\"${PG_EXTRA_CONF:-}\" initdb_args=\"${PG_INITDB_ARGS:-}\""
 } >>"$OUT_BASE/machine.txt"
 cat "$OUT_BASE/machine.txt" >&2
 
@@ -248,6 +253,7 @@ random_page_cost = 1.1
 effective_io_concurrency = 200
 autovacuum = on
 log_checkpoints = on
+${PG_EXTRA_CONF:-}
 EOF
   install -o postgres -m 644 /dev/null "$OUT_BASE/postgres-$s.log"
   runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$d/mnt/pgdata" -l "$OUT_BASE/postgres-$s.log" -w start >/dev/null
@@ -337,6 +343,14 @@ run() { # run SIDE WORKLOAD OUTDIR: the timed part
   esac
 }
 
+extents() { # where every file of the cluster lies on the device (filefrag, in file system blocks)
+  local f
+  find "${DIR[$1]}/mnt/pgdata" -type f -size +0 | while read -r f; do
+    echo "FILE ${f#"${DIR[$1]}"/mnt/pgdata/}"
+    filefrag -e "$f" | tail -n +2
+  done
+}
+
 main_table() { case $1 in pgbench) echo pgbench_accounts ;; sysbench) echo sbtest1 ;; esac; }
 
 sizes() { # logical sizes and update counters as "key value" lines
@@ -365,6 +379,7 @@ one() { # one SIDE WORKLOAD FF
   cb=$(stack_ticks "$s")
   [[ $s == squeeze ]] && vol_stats >"$o/vol-before.json"
   sq_log "$s $w ff=$ff: run ${RUN_SECS}s, $CLIENTS clients (load average $(cut -d' ' -f1 /proc/loadavg))"
+  ((TRACE)) && echo "from $(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)" >"$o/trace-window.txt"
   run "$s" "$w" "$o" || sq_die "$s $w ff=$ff: run failed (see $o/run.err)"
   la=$(loop_stat "$s")
   ca=$(stack_ticks "$s")
@@ -375,6 +390,10 @@ one() { # one SIDE WORKLOAD FF
   pg "$s" -F ' ' -c "SELECT 'wal_records', wal_records, 'wal_fpi', wal_fpi, 'wal_bytes', wal_bytes FROM pg_stat_wal" \
     | awk '{ print $1, $2; print $3, $4; print $5, $6 }' >"$o/wal.txt"
   settle_fs "$s"
+  if ((TRACE)) && [[ $s == squeeze ]]; then # the run and the checkpoint after it
+    echo "to $(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)" >>"$o/trace-window.txt"
+    extents "$s" >"$o/extents.txt"
+  fi
   sizes "$s" "$w" >"$o/sizes-run.txt"
   before=$(phys_bytes "$s")
   pg "$s" -c "DROP DATABASE bench"
@@ -429,7 +448,7 @@ for ff in $FILLFACTORS; do
 done
 for s in $SIDES; do volume_summary "$s"; done
 if ((TRACE)); then
-  python3 "$PY" write-sizes "$OUT_BASE/serve-trace.log" >"$OUT_BASE/write-sizes.txt"
+  python3 "$PY" write-sizes "$OUT_BASE/serve-trace.log" "$OUT_BASE"/*-squeeze >"$OUT_BASE/write-sizes.txt"
   cat "$OUT_BASE/write-sizes.txt" >&2
 fi
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT_BASE/machine.txt"
