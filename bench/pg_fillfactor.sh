@@ -3,20 +3,21 @@
 # fillfactor 100, 90, 80, 70 and 50 (issue 19; the seed's first case study, ../shared/seeds/002_*).
 #
 #   sudo bench/pg_fillfactor.sh --quick    # smoke: pgbench scale 2, 100k sysbench rows, 5 s runs (~5 min)
-#   sudo bench/pg_fillfactor.sh            # full: scale 20, 1M rows, 60 s runs (~45 min)
+#   sudo bench/pg_fillfactor.sh            # full: scale 20, 1M rows, 60 s runs (~30 min)
 #   FILLFACTORS="100 70" RUN_SECS=120 sudo bench/pg_fillfactor.sh     # repeat the key runs
 #   REPORT_ONLY=/tmp/squeeze-pg-bench.X bench/pg_fillfactor.sh         # the tables again, no measuring
 #
-# Two sides, both ext4 (mounted noatime) on a loop device with direct I/O, set up once and used in
+# The sides, ext4 (mounted noatime) on a loop device with direct I/O, set up once and used in
 # turns (for each fillfactor, each workload: squeeze, then plain), so a burst of load from the
-# other users of the machine hits both sides alike:
+# other users of the machine hits every side alike:
 #   squeeze  `squeeze serve` (default policy) -> Unix socket -> nbdfuse (libnbd) -> loop -> ext4
 #   plain    a sparse file on the same disk   -> loop -> ext4
 #   host     (only if SIDES names it) a directory on the host's own file system (/var/tmp: ext4 on
 #            the same disk), no loop device: what PostgreSQL gets without any of this stack
 # On each, Debian's PostgreSQL (the newest /usr/lib/postgresql/*/bin) with the same settings:
 # fsync, synchronous_commit and full_page_writes on, shared_buffers 256MB, max_wal_size 2GB,
-# checkpoint_timeout 5min (see PG_CONF below); data directory and WAL on the volume.
+# checkpoint_timeout 5min (the postgresql.conf lines in side_up); data directory and WAL on the
+# volume.
 #
 # Workloads, each on a fresh database per fillfactor:
 #   pgbench   `pgbench -i -s PGB_SCALE -F FF`, then the TPC-B-like script: -c CLIENTS -j 2
