@@ -51,6 +51,8 @@ enum Command {
     Serve(cmd::serve::Args),
     Scan(cmd::scan::Args),
     Tco(cmd::tco::Args),
+    /// A write-ahead log on a volume (dense or sparse); `wal bench`.
+    Wal(cmd::wal::Args),
 }
 
 /// Keeps large buffers (a request's data, a batch's compressed output) in
@@ -82,6 +84,7 @@ fn main() -> ExitCode {
         Command::Compact(a) => cmd::compact::run(a),
         Command::Scan(a) => cmd::scan::run(a),
         Command::Tco(a) => cmd::tco::run(a),
+        Command::Wal(a) => cmd::wal::run(a),
     };
     match res {
         Ok(code) => code,

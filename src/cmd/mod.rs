@@ -13,6 +13,7 @@ pub mod serve;
 pub mod set;
 pub mod stats;
 pub mod tco;
+pub mod wal;
 
 use crate::util::parse_size;
 use anyhow::{bail, Result};
