@@ -8,6 +8,7 @@ pub mod create;
 pub mod export;
 pub mod import;
 pub mod info;
+pub mod kv;
 pub mod scan;
 pub mod serve;
 pub mod set;

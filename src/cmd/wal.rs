@@ -84,7 +84,10 @@ fn layout_arg(s: &str) -> Result<Layout> {
     Layout::parse(s).ok_or_else(|| anyhow::anyhow!("unknown layout {s:?}: use dense or sparse"))
 }
 
-fn open_log(path: &std::path::Path) -> Result<(Arc<Volume>, Wal, Vec<(Lsn, Vec<u8>)>)> {
+/// A log's records as recovery hands them over.
+type Records = Vec<(Lsn, Vec<u8>)>;
+
+fn open_log(path: &std::path::Path) -> Result<(Arc<Volume>, Wal, Records)> {
     let vol = Arc::new(open_volume(path, false)?);
     let mut records = Vec::new();
     let wal = Wal::open(vol.clone(), None, |lsn, p| records.push((lsn, p.to_vec())))
