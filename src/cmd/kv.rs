@@ -49,7 +49,8 @@ pub enum KvCommand {
     Get { volume: PathBuf, key: String },
     /// Remove a key (durable when the command returns).
     Delete { volume: PathBuf, key: String },
-    /// Put N keys (user000000000000...) with db_bench-like values.
+    /// Put N keys (user000000000000...) with db_bench-like values, each a
+    /// function of its key (so a reader can verify them).
     Load {
         volume: PathBuf,
         #[arg(long)]
@@ -58,6 +59,10 @@ pub enum KvCommand {
         value_size: usize,
         #[arg(long, default_value = "2")]
         threads: u64,
+        /// Flush after every this many keys (0: only at the end) and print
+        /// `durable through key N` (every key below N is durable).
+        #[arg(long, default_value = "0")]
+        sync_every: u64,
     },
     /// Load a fresh store, then read and update at random.
     Bench(BenchArgs),
@@ -110,6 +115,15 @@ fn key(i: u64) -> Vec<u8> {
     format!("user{i:012}").into_bytes()
 }
 
+/// The value `load` puts under key `i`: db_bench-like, a function of `i`.
+pub fn load_value(i: u64, len: usize) -> Vec<u8> {
+    let half = squeeze_codec::testdata::random(len.div_ceil(2), i);
+    let mut v = half.clone();
+    v.extend_from_slice(&half);
+    v.truncate(len);
+    v
+}
+
 /// A value like db_bench's: half random, half a repeat (compresses ~2:1).
 fn value(r: &mut impl Rng, len: usize) -> Vec<u8> {
     let half: Vec<u8> = (0..len.div_ceil(2)).map(|_| r.gen()).collect();
@@ -119,16 +133,44 @@ fn value(r: &mut impl Rng, len: usize) -> Vec<u8> {
     v
 }
 
-fn load(s: &Store, keys: u64, value_size: usize, threads: u64) -> Result<f64> {
+/// Puts keys `0..keys` from `threads` threads (key `i` on thread
+/// `i % threads`), flushing every `sync_every` keys (0: at the end), and
+/// prints how far every key is durable after each flush.
+fn load(s: &Store, keys: u64, value_size: usize, threads: u64, sync_every: u64) -> Result<f64> {
     let t0 = Instant::now();
+    // Keys each thread has put, in order.
+    let done: Vec<std::sync::atomic::AtomicU64> =
+        (0..threads).map(|_| Default::default()).collect();
+    let flushed = parking_lot::Mutex::new(0u64);
     std::thread::scope(|sc| -> Result<()> {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
+                let (done, flushed) = (&done, &flushed);
                 sc.spawn(move || -> Result<()> {
-                    let mut r = rand::thread_rng();
                     let mut i = t;
+                    let mut n = 0u64;
                     while i < keys {
-                        s.put(&key(i), &value(&mut r, value_size))?;
+                        s.put(&key(i), &load_value(i, value_size))?;
+                        n += 1;
+                        done[t as usize].store(n, std::sync::atomic::Ordering::SeqCst);
+                        if sync_every > 0 && n % sync_every.div_ceil(threads) == 0 {
+                            // Every put any thread finished before this
+                            // flush started is durable after it.
+                            let through = (0..threads)
+                                .map(|u| {
+                                    let k =
+                                        done[u as usize].load(std::sync::atomic::Ordering::SeqCst);
+                                    k * threads + u
+                                })
+                                .min()
+                                .unwrap_or(0);
+                            s.flush()?;
+                            let mut f = flushed.lock();
+                            if through > *f {
+                                *f = through;
+                                outln!("durable through key {through}");
+                            }
+                        }
                         i += threads;
                     }
                     Ok(())
@@ -141,6 +183,9 @@ fn load(s: &Store, keys: u64, value_size: usize, threads: u64) -> Result<f64> {
         Ok(())
     })?;
     s.flush()?;
+    if sync_every > 0 {
+        outln!("durable through key {keys}");
+    }
     Ok(t0.elapsed().as_secs_f64())
 }
 
@@ -217,9 +262,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
             keys,
             value_size,
             threads,
+            sync_every,
         } => {
             let (vol, s) = open_store(&volume)?;
-            let secs = load(&s, keys, value_size, threads.max(1))?;
+            let secs = load(&s, keys, value_size, threads.max(1), sync_every)?;
             let st = vol.stats();
             close(vol, s)?;
             outln!(
@@ -260,7 +306,7 @@ fn bench(b: BenchArgs) -> Result<()> {
         },
     )?;
     let cpu0 = process_cpu_seconds();
-    let load_secs = load(&s, b.keys, b.value_size, b.threads)?;
+    let load_secs = load(&s, b.keys, b.value_size, b.threads, 0)?;
     let load_cpu = process_cpu_seconds() - cpu0;
     let loaded = vol.stats();
     let per = b.ops / b.threads;
