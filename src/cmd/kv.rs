@@ -153,7 +153,7 @@ fn load(s: &Store, keys: u64, value_size: usize, threads: u64, sync_every: u64) 
                         s.put(&key(i), &load_value(i, value_size))?;
                         n += 1;
                         done[t as usize].store(n, std::sync::atomic::Ordering::SeqCst);
-                        if sync_every > 0 && n % sync_every.div_ceil(threads) == 0 {
+                        if sync_every > 0 && n.is_multiple_of(sync_every.div_ceil(threads)) {
                             // Every put any thread finished before this
                             // flush started is durable after it.
                             let through = (0..threads)
