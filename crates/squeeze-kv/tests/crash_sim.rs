@@ -6,8 +6,9 @@
 //! one, through the engine's simulator, which keeps a random page-granular
 //! subset of unsynced writes), checked against a model after every crash.
 //!
-//! SQUEEZE_SIM_SEEDS=N runs N seeds (default 300); SQUEEZE_SIM_SEED=S
-//! replays one.
+//! SQUEEZE_KV_SIM_SEEDS=N runs N seeds (default 300); SQUEEZE_KV_SIM_SEED=S
+//! replays one. (Variables of their own: the SQUEEZE_SIM_SEEDS=2000 of
+//! scripts/test.sh sizes the engine's simulators.)
 
 use rand::{Rng, SeedableRng};
 use squeeze_engine::{CreateOptions, OpenOptions, SimFaults, SimStorage, Volume};
@@ -175,9 +176,9 @@ fn run_seed(seed: u64) -> u64 {
 
 #[test]
 fn durable_puts_survive_power_cuts() {
-    let seeds: Vec<u64> = match std::env::var("SQUEEZE_SIM_SEED") {
-        Ok(s) => vec![s.parse().expect("SQUEEZE_SIM_SEED is a number")],
-        Err(_) => (0..std::env::var("SQUEEZE_SIM_SEEDS")
+    let seeds: Vec<u64> = match std::env::var("SQUEEZE_KV_SIM_SEED") {
+        Ok(s) => vec![s.parse().expect("SQUEEZE_KV_SIM_SEED is a number")],
+        Err(_) => (0..std::env::var("SQUEEZE_KV_SIM_SEEDS")
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(300))

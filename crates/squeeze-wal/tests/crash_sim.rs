@@ -8,8 +8,9 @@
 //! nothing else but records whose appends were in flight. A small volume
 //! makes the log wrap around its area many times.
 //!
-//! SQUEEZE_SIM_SEEDS=N runs N seeds per layout (default 100);
-//! SQUEEZE_SIM_SEED=S replays one.
+//! SQUEEZE_WAL_SIM_SEEDS=N runs N seeds per layout (default 100);
+//! SQUEEZE_WAL_SIM_SEED=S replays one. (Variables of their own: the
+//! SQUEEZE_SIM_SEEDS=2000 of scripts/test.sh sizes the engine's simulators.)
 
 mod common;
 use common::*;
@@ -126,7 +127,7 @@ fn run_seed(layout: Layout, seed: u64, seen: &mut Seen) {
     let mut armed = false;
     for step in 0..steps {
         let op = r.gen_range(0..100);
-        if std::env::var("SQUEEZE_SIM_SEED").is_ok() {
+        if std::env::var("SQUEEZE_WAL_SIM_SEED").is_ok() {
             println!("step {step}: op {op}, bounds {:?}", wal.bounds());
         }
         let failed = match op {
@@ -256,10 +257,10 @@ fn run_seed(layout: Layout, seed: u64, seen: &mut Seen) {
 }
 
 fn seeds() -> Vec<u64> {
-    if let Ok(s) = std::env::var("SQUEEZE_SIM_SEED") {
-        return vec![s.parse().expect("SQUEEZE_SIM_SEED is a number")];
+    if let Ok(s) = std::env::var("SQUEEZE_WAL_SIM_SEED") {
+        return vec![s.parse().expect("SQUEEZE_WAL_SIM_SEED is a number")];
     }
-    let n: u64 = std::env::var("SQUEEZE_SIM_SEEDS")
+    let n: u64 = std::env::var("SQUEEZE_WAL_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(100);
