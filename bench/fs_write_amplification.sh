@@ -2,8 +2,8 @@
 # bench/fs_write_amplification.sh — squeeze's write amplification under a real file system:
 # xfstests' fsx and fsstress on ext4 on a squeeze volume (issue 15's measurement).
 #
-#   sudo bench/fs_write_amplification.sh --bin target/release/squeeze           # default run (several minutes)
-#   sudo bench/fs_write_amplification.sh --bin /tmp/sq-old --quick --label old  # about a minute
+#   sudo bench/fs_write_amplification.sh --bin target/release/squeeze           # default run (about 15 minutes on 2 cores)
+#   sudo bench/fs_write_amplification.sh --bin /tmp/sq-old --quick --label old  # about 2 minutes
 #   flock /tmp/bench.lock bench/fs_write_amplification.sh --bin ...             # as every heavy bench
 #
 # What it does: `squeeze create` a volume (--size, default 4G) in a fresh work directory,
@@ -15,7 +15,8 @@
 # unmount, `e2fsck -fn` the device (the file system must be clean), detach loop and nbdfuse
 # (both flush), and read the counters from the running server's control socket
 # (`squeeze stats --json CTL`): client bytes written, log bytes, checkpoint bytes, checkpoints,
-# squeeze's write_amplification ((log + checkpoint bytes) / stored client bytes), and, when the
+# cleaner bytes moved (part of the log bytes), squeeze's write_amplification ((log + checkpoint
+# bytes) / compressed client bytes), and, when the
 # binary has them, checkpoint_base_bytes / checkpoint_delta_bytes / checkpoint_deltas /
 # open_seconds. Finally the server is stopped (SIGTERM, clean close) and the volume reopened
 # offline once (`squeeze stats --json VOL`) for its open_seconds.
@@ -26,7 +27,7 @@
 #
 # Options:
 #   --bin PATH            squeeze binary (default: target/release/squeeze of this checkout, built)
-#   --quick               about a minute: fsx 20000 ops, fsstress 4 x 2000 ops, 240 s cap
+#   --quick               about 2 minutes: fsx 20000 ops, fsstress 4 x 2000 ops, 240 s cap
 #   --size SIZE           volume logical size (default 4G)
 #   --fsx-ops N           fsx operations (default 200000)
 #   --fsx-args "ARGS"     fsx options (default "-q -l 268435456 -o 1048576")
@@ -310,9 +311,9 @@ if "open_seconds" in r:
     res["reopen_replayed_records"] = r.get("open_replayed_records")
 json.dump(res, open(f"{out}/result.json", "w"), indent=2)
 opt = lambda k, f: f(res[k]) if k in res else "n/a"
-print("| binary | seconds | client GiB | log GiB | checkpoint GiB | checkpoints | WA (squeeze) | (log+ckpt)/client | ckpt base GiB | ckpt delta GiB | deltas | reopen s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-print(f"| {label} | {res['seconds']} | {gib(client):.2f} | {gib(log):.2f} | {gib(ckpt):.2f} | {res['checkpoints']} "
+print("| binary | seconds | client GiB | log GiB | cleaner GiB | checkpoint GiB | checkpoints | WA (squeeze) | (log+ckpt)/client | ckpt base GiB | ckpt delta GiB | deltas | reopen s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print(f"| {label} | {res['seconds']} | {gib(client):.2f} | {gib(log):.2f} | {opt('cleaner_bytes_moved', lambda v: f'{gib(v):.2f}')} | {gib(ckpt):.2f} | {res['checkpoints']} "
       f"| {res['write_amplification']:.2f} | {res['device_bytes_per_client_byte']:.2f} "
       f"| {opt('checkpoint_base_bytes', lambda v: f'{gib(v):.3f}')} | {opt('checkpoint_delta_bytes', lambda v: f'{gib(v):.3f}')} "
       f"| {opt('checkpoint_deltas', str)} | {opt('reopen_open_seconds', lambda v: f'{v:.3f}')} |")
