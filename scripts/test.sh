@@ -16,8 +16,9 @@ step() { printf '\n==> %s\n' "$*"; }
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "bench/report.py tests"
+step "bench/report.py and bench/pg_fillfactor.py tests"
 python3 bench/test_report.py
+python3 bench/test_pg_fillfactor.py
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings

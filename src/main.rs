@@ -51,6 +51,10 @@ enum Command {
     Serve(cmd::serve::Args),
     Scan(cmd::scan::Args),
     Tco(cmd::tco::Args),
+    /// A write-ahead log on a volume (dense or sparse); `wal bench`.
+    Wal(cmd::wal::Args),
+    /// A table-less hash key-value store on a volume; `kv bench`.
+    Kv(cmd::kv::Args),
 }
 
 /// Keeps large buffers (a request's data, a batch's compressed output) in
@@ -82,6 +86,8 @@ fn main() -> ExitCode {
         Command::Compact(a) => cmd::compact::run(a),
         Command::Scan(a) => cmd::scan::run(a),
         Command::Tco(a) => cmd::tco::run(a),
+        Command::Wal(a) => cmd::wal::run(a),
+        Command::Kv(a) => cmd::kv::run(a),
     };
     match res {
         Ok(code) => code,

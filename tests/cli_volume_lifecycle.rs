@@ -69,7 +69,7 @@ fn create_import_export_check() {
     assert_eq!(info["policy"]["algorithm"], "zstd:3");
     assert_eq!(info["policy"]["mode"], "force");
     assert_eq!(info["logical_size"], 64 << 20);
-    assert_eq!(info["format_version"], 1);
+    assert_eq!(info["format_version"], squeeze_format::FORMAT_VERSION);
 
     let src = d.join("src.img");
     real_source(&src);

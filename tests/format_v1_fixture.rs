@@ -39,7 +39,19 @@ fn a_version_1_volume_opens_checks_and_reads_back() {
     let data = std::fs::read(&out).unwrap();
     assert_eq!(data.len(), 262144);
     assert_eq!(squeeze_format::checksum::crc32c(&data), 0x8767_5028);
-    // And it takes new writes after the upgrade-free open.
+    // It takes new writes; its first checkpoint upgrades it to format 2
+    // (a chain of pieces), after which it still checks clean and reads back.
     let o = squeeze(&["import", out.to_str().unwrap(), v]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = squeeze(&["info", v, "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(info["format_version"], squeeze_format::FORMAT_VERSION);
+    assert_eq!(info["clean"], true);
+    let o = squeeze(&["check", v]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let again = dir.path().join("again.bin");
+    let o = squeeze(&["export", v, again.to_str().unwrap(), "--length", "262144"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read(&again).unwrap(), data);
 }

@@ -1,6 +1,7 @@
 //! Every on-disk decoder of squeeze-format on arbitrary bytes: record
-//! headers (and payload verification), superblock slots, checkpoint streams
-//! and their chunks. Bytes from disk must never panic a decoder, and what
+//! headers (and payload verification), superblock slots, format 1
+//! checkpoint streams and their chunks, format 2 checkpoint chains (pieces
+//! and their runs). Bytes from disk must never panic a decoder, and what
 //! decodes must re-encode to something that decodes to the same value.
 //!
 //! Input: one mode byte, then the bytes handed to every decoder. Mode bits
@@ -9,17 +10,18 @@
 //! - bit 0: recompute the record header CRC (bytes 60..64);
 //! - bit 1: zero-pad to 4 KiB and recompute the superblock CRC (4092..4096);
 //! - bit 2: take the checkpoint's expected uuid from its own bytes 16..32;
-//! - bit 3: rewrite the checkpoint's chunk count to fit the length.
+//! - bit 3: rewrite the checkpoint's chunk count to fit the length;
+//! - bit 4: pad to 4 KiB and set the first piece's length (72..80) and CRC
+//!   (68..72) to fit.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use squeeze_format::checkpoint::{CHECKPOINT_HEADER_SIZE, CHUNK_BYTES};
-use squeeze_format::checksum::crc32c;
+use squeeze_format::checkpoint::{pieces, PIECE_ALIGN, PIECE_HEADER_SIZE};
+use squeeze_format::checkpoint_v1::{CheckpointReader, CHECKPOINT_HEADER_SIZE, CHUNK_BYTES};
+use squeeze_format::checksum::{crc32c, crc32c_append};
 use squeeze_format::record::verify_payload;
-use squeeze_format::{
-    CheckpointReader, MapEntry, RecordHeader, Superblock, RECORD_HEADER_SIZE, SUPERBLOCK_SIZE,
-};
+use squeeze_format::{MapEntry, RecordHeader, Superblock, RECORD_HEADER_SIZE, SUPERBLOCK_SIZE};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, bytes)) = data.split_first() else {
@@ -28,7 +30,44 @@ fuzz_target!(|data: &[u8]| {
     record(mode, bytes);
     superblock(mode, bytes);
     checkpoint(mode, bytes);
+    chain(mode, bytes);
 });
+
+fn chain(mode: u8, bytes: &[u8]) {
+    let mut b = bytes.to_vec();
+    let uuid: [u8; 16] = if mode & 4 != 0 && b.len() >= 32 {
+        b[16..32].try_into().expect("16 bytes")
+    } else {
+        [0; 16]
+    };
+    if mode & 16 != 0 && b.len() >= PIECE_HEADER_SIZE {
+        let len = (b.len() as u64).div_ceil(PIECE_ALIGN) * PIECE_ALIGN;
+        b.resize(len as usize, 0);
+        b[72..80].copy_from_slice(&len.to_le_bytes());
+        let crc = crc32c_append(crc32c_append(crc32c(&b[..68]), &[0; 4]), &b[72..]);
+        b[68..72].copy_from_slice(&crc.to_le_bytes());
+    }
+    let mut at = 0u64;
+    for piece in pieces(&b, &uuid) {
+        let Ok(p) = piece else {
+            return;
+        };
+        at += p.len;
+        assert!(at <= b.len() as u64);
+        let mut seen = 0;
+        for run in p.runs() {
+            let Ok(r) = run else {
+                break;
+            };
+            seen += 1;
+            for i in 0..r.sectors.min(64) {
+                let e = r.entry(i);
+                let _ = (e.record_offset(), e.index(), e.sectors(), e.stored_share());
+            }
+        }
+        assert!(seen <= p.run_count());
+    }
+}
 
 fn record(mode: u8, bytes: &[u8]) {
     let mut b = bytes.to_vec();

@@ -21,7 +21,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let p = sb.policy;
     let info = serde_json::json!({
         "path": a.path.display().to_string(),
-        "format_version": FORMAT_VERSION,
+        "format_version": sb.version,
+        "checkpoint_base_bytes": st.checkpoint_base_bytes,
+        "checkpoint_deltas": st.checkpoint_deltas,
+        "checkpoint_delta_bytes": st.checkpoint_delta_bytes,
         "uuid": hex(&sb.uuid),
         "created_unix": sb.created_unix,
         "logical_size": sb.logical_size,
@@ -49,7 +52,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     outln!("volume          {}", a.path.display());
-    outln!("format version  {FORMAT_VERSION}");
+    if sb.version < FORMAT_VERSION {
+        outln!(
+            "format version  {} (the first checkpoint upgrades it to {FORMAT_VERSION})",
+            sb.version
+        );
+    } else {
+        outln!("format version  {}", sb.version);
+    }
     outln!("uuid            {}", hex(&sb.uuid));
     outln!(
         "logical size    {} ({} bytes)",
@@ -76,8 +86,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
     );
     outln!(
-        "checkpoint      {} in segments {:?} (superblock generation {}, {})",
+        "checkpoint      {}: a base of {} and {} deltas ({}), in segments {:?} (superblock generation {}, {})",
         human(sb.checkpoint.len),
+        human(st.checkpoint_base_bytes),
+        st.checkpoint_deltas,
+        human(st.checkpoint_delta_bytes),
         sb.checkpoint.segments,
         sb.generation,
         if sb.clean {

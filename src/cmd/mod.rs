@@ -8,11 +8,13 @@ pub mod create;
 pub mod export;
 pub mod import;
 pub mod info;
+pub mod kv;
 pub mod scan;
 pub mod serve;
 pub mod set;
 pub mod stats;
 pub mod tco;
+pub mod wal;
 
 use crate::util::parse_size;
 use anyhow::{bail, Result};

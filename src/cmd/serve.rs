@@ -800,6 +800,24 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
         |s: &VolumeStats| s.map_memory_bytes
     );
     m!(
+        "checkpoint_chain_bytes",
+        "Bytes of the checkpoint chain recovery reads (base and deltas).",
+        "gauge",
+        |s: &VolumeStats| s.checkpoint_base_bytes + s.checkpoint_delta_bytes
+    );
+    m!(
+        "checkpoint_base_bytes",
+        "Bytes of the checkpoint chain's base piece (the whole map).",
+        "gauge",
+        |s: &VolumeStats| s.checkpoint_base_bytes
+    );
+    m!(
+        "open_seconds",
+        "Seconds the last open took (recovery included).",
+        "gauge",
+        |s: &VolumeStats| s.open_seconds
+    );
+    m!(
         "read_only",
         "1 when the volume turned read-only after an I/O failure.",
         "gauge",

@@ -95,6 +95,18 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         s.write_amplification
     );
     outln!(
+        "checkpoint chain       a base of {} + {} deltas ({}); {} sectors changed since",
+        human(s.checkpoint_base_bytes),
+        s.checkpoint_deltas,
+        human(s.checkpoint_delta_bytes),
+        s.map_dirty_sectors
+    );
+    outln!(
+        "last open              {:.3} s, {} log records replayed",
+        s.open_seconds,
+        s.open_replayed_records
+    );
+    outln!(
         "segments               {} in file, {} free, {} reclaimed, {} each",
         s.segments_total,
         s.segments_free,

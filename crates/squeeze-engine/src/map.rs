@@ -11,12 +11,23 @@
 //! - **dense**: 512 entries, 8 bytes per sector, once runs would cost more
 //!   (after scattered 4 KiB overwrites).
 //!
-//! Invariants: `mapped` = number of mapped sectors over all chunks; every
-//! chunk in the tree maps at least one sector; runs are sorted, disjoint,
-//! non-empty, and two adjacent runs are never mergeable.
+//! The map also remembers which sectors changed since the last checkpoint
+//! (one bit per sector, per chunk touched), so that a checkpoint can write
+//! only those (`delta_runs`) instead of the whole map (`for_each_run`).
+//!
+//! Invariants: `mapped` = number of mapped sectors over all chunks; `weight`
+//! = the sum of the chunks' weights (runs, or mapped sectors of a dense
+//! chunk: at least the runs a checkpoint of the chunk holds); every chunk in
+//! the tree maps at least one sector; runs are sorted, disjoint, non-empty,
+//! and two adjacent runs are never mergeable.
 
-use squeeze_format::{MapEntry, CHUNK_ENTRIES};
+use squeeze_format::{MapEntry, MapRun, CHUNK_ENTRIES};
 use std::collections::BTreeMap;
+
+/// One bit per sector of a chunk.
+pub type DirtyBits = [u64; CHUNK_ENTRIES / 64];
+/// Sectors changed since the last checkpoint, by chunk.
+pub type Dirty = BTreeMap<u64, DirtyBits>;
 
 /// A run of sectors `start..start+len` (chunk-relative) mapped to
 /// consecutive indices of one record, beginning with `first`.
@@ -33,13 +44,9 @@ impl Run {
     }
     fn entry(&self, i: u16) -> MapEntry {
         debug_assert!(i >= self.start && i < self.end());
-        with_index(self.first, self.first.index() + u32::from(i - self.start))
+        self.first
+            .with_index(self.first.index() + u32::from(i - self.start))
     }
-}
-
-/// `e` with its sector index replaced.
-fn with_index(e: MapEntry, index: u32) -> MapEntry {
-    MapEntry((e.0 & !(31u64 << 40)) | (u64::from(index) << 40))
 }
 
 /// True when `next` is the entry that follows `prev` inside one record.
@@ -69,6 +76,30 @@ impl Chunk {
     fn mapped(&self) -> u32 {
         match self {
             Chunk::Runs { mapped, .. } | Chunk::Dense { mapped, .. } => *mapped,
+        }
+    }
+
+    /// At least the runs a checkpoint of this chunk holds.
+    fn weight(&self) -> u64 {
+        match self {
+            Chunk::Runs { runs, .. } => runs.len() as u64,
+            Chunk::Dense { mapped, .. } => u64::from(*mapped),
+        }
+    }
+
+    /// Calls `f` with each run of the chunk whose base sector is `base`.
+    fn for_each_run(&self, base: u64, f: &mut impl FnMut(MapRun)) {
+        match self {
+            Chunk::Runs { runs, .. } => {
+                for r in runs {
+                    f(MapRun {
+                        lba: base + u64::from(r.start),
+                        sectors: u32::from(r.len),
+                        first: r.first,
+                    });
+                }
+            }
+            Chunk::Dense { entries, .. } => group_runs(base, &entries[..], false, f),
         }
     }
 
@@ -139,6 +170,78 @@ impl Chunk {
                     *self = Chunk::Dense { entries, mapped: m };
                 }
                 old
+            }
+        }
+    }
+
+    /// Sets sectors `i..i + n` to consecutive entries from `first` (all
+    /// unmapped when it is): one splice of the run list instead of `n`
+    /// single sets (loading a checkpoint delta).
+    fn set_span(&mut self, i: u16, n: u16, first: MapEntry) {
+        let end = i + n;
+        match self {
+            Chunk::Dense { entries, mapped } => {
+                for k in 0..n {
+                    let e = if first.is_mapped() {
+                        first.with_index(first.index() + u32::from(k))
+                    } else {
+                        MapEntry::UNMAPPED
+                    };
+                    let old = std::mem::replace(&mut entries[usize::from(i + k)], e);
+                    *mapped = *mapped + u32::from(e.is_mapped()) - u32::from(old.is_mapped());
+                }
+            }
+            Chunk::Runs { runs, mapped } => {
+                let k0 = runs.partition_point(|r| r.end() <= i);
+                let k1 = runs.partition_point(|r| r.start < end);
+                let mut removed = 0u32;
+                let mut with: Vec<Run> = Vec::with_capacity(3);
+                for r in &runs[k0..k1.max(k0)] {
+                    removed += u32::from(r.end().min(end) - r.start.max(i));
+                }
+                if let Some(r) = runs.get(k0).filter(|r| k0 < k1 && r.start < i) {
+                    with.push(Run {
+                        start: r.start,
+                        len: i - r.start,
+                        first: r.first,
+                    });
+                }
+                if first.is_mapped() {
+                    with.push(Run {
+                        start: i,
+                        len: n,
+                        first,
+                    });
+                }
+                if k1 > k0 {
+                    let r = runs[k1 - 1];
+                    if r.end() > end {
+                        with.push(Run {
+                            start: end,
+                            len: r.end() - end,
+                            first: r.entry(end),
+                        });
+                    }
+                }
+                let added = with.len();
+                runs.splice(k0..k1.max(k0), with);
+                // Join what the splice made adjacent and joinable.
+                let lo = k0.saturating_sub(1);
+                let mut k = (k0 + added).min(runs.len().saturating_sub(1));
+                while k > lo {
+                    let (p, q) = (runs[k - 1], runs[k]);
+                    if p.end() == q.start && follows(p.entry(p.end() - 1), q.first) {
+                        runs[k - 1].len += q.len;
+                        runs.remove(k);
+                    }
+                    k -= 1;
+                }
+                *mapped = *mapped - removed + if first.is_mapped() { u32::from(n) } else { 0 };
+                if runs.len() > RUNS_MAX {
+                    let entries = self.to_dense();
+                    let m = self.mapped();
+                    *self = Chunk::Dense { entries, mapped: m };
+                }
             }
         }
     }
@@ -250,10 +353,45 @@ fn set_in_runs(runs: &mut Vec<Run>, i: u16, e: MapEntry) -> MapEntry {
     old
 }
 
+/// Calls `f` with the maximal runs of `entries` (sectors from `base`):
+/// mapped runs of one extent, and, with `unmapped`, runs of unmapped
+/// sectors too.
+fn group_runs(base: u64, entries: &[MapEntry], unmapped: bool, f: &mut impl FnMut(MapRun)) {
+    let mut cur: Option<MapRun> = None;
+    for (i, &e) in entries.iter().enumerate() {
+        if let Some(r) = &mut cur {
+            let last = r.entry(r.sectors - 1);
+            let extends = if e.is_mapped() {
+                last.is_mapped() && follows(last, e)
+            } else {
+                !last.is_mapped()
+            };
+            if extends {
+                r.sectors += 1;
+                continue;
+            }
+            f(*r);
+            cur = None;
+        }
+        if e.is_mapped() || unmapped {
+            cur = Some(MapRun {
+                lba: base + i as u64,
+                sectors: 1,
+                first: e,
+            });
+        }
+    }
+    if let Some(r) = cur {
+        f(r);
+    }
+}
+
 #[derive(Default)]
 pub struct SectorMap {
     chunks: BTreeMap<u64, Chunk>,
     mapped: u64,
+    weight: u64,
+    dirty: Dirty,
 }
 
 /// Approximate heap cost of one BTreeMap slot (key, value, node slack).
@@ -295,12 +433,16 @@ impl SectorMap {
             let Some(ch) = self.chunks.get_mut(&c) else {
                 return MapEntry::UNMAPPED;
             };
+            let before = ch.weight();
             let old = ch.set(i, entry);
             if old.is_mapped() {
                 self.mapped -= 1;
+                self.weight = self.weight + ch.weight() - before;
                 if ch.mapped() == 0 {
+                    self.weight -= ch.weight();
                     self.chunks.remove(&c);
                 }
+                mark(&mut self.dirty, c, i);
             }
             return old;
         }
@@ -308,11 +450,171 @@ impl SectorMap {
             runs: Vec::new(),
             mapped: 0,
         });
+        let before = ch.weight();
         let old = ch.set(i, entry);
+        self.weight = self.weight + ch.weight() - before;
+        if old != entry {
+            mark(&mut self.dirty, c, i);
+        }
         if !old.is_mapped() {
             self.mapped += 1;
         }
         old
+    }
+
+    /// Sets the sectors of a run read from a checkpoint delta (loading: not
+    /// recorded as a change).
+    pub fn apply_run(&mut self, r: MapRun) {
+        let mut lba = r.lba;
+        while lba < r.end() {
+            let (c, i) = split(lba);
+            let n = (CHUNK_ENTRIES as u64 - u64::from(i)).min(r.end() - lba) as u16;
+            let first = r.entry((lba - r.lba) as u32);
+            match self.chunks.get_mut(&c) {
+                Some(ch) => {
+                    let (before_w, before_m) = (ch.weight(), ch.mapped());
+                    ch.set_span(i, n, first);
+                    self.weight = self.weight + ch.weight() - before_w;
+                    self.mapped = self.mapped + u64::from(ch.mapped()) - u64::from(before_m);
+                    if ch.mapped() == 0 {
+                        self.weight -= ch.weight();
+                        self.chunks.remove(&c);
+                    }
+                }
+                None if first.is_mapped() => {
+                    let ch = Chunk::Runs {
+                        runs: vec![Run {
+                            start: i,
+                            len: n,
+                            first,
+                        }],
+                        mapped: u32::from(n),
+                    };
+                    self.weight += ch.weight();
+                    self.mapped += u64::from(n);
+                    self.chunks.insert(c, ch);
+                }
+                None => {}
+            }
+            lba += u64::from(n);
+        }
+    }
+
+    /// Adds a run read from a checkpoint base; runs come in LBA order into a
+    /// map that holds nothing at or after them.
+    pub fn load_run(&mut self, r: MapRun) {
+        let mut lba = r.lba;
+        while lba < r.end() {
+            let (c, i) = split(lba);
+            let n = (CHUNK_ENTRIES as u64 - u64::from(i)).min(r.end() - lba) as u16;
+            let first = r.entry((lba - r.lba) as u32);
+            let ch = self.chunks.entry(c).or_insert_with(|| Chunk::Runs {
+                runs: Vec::new(),
+                mapped: 0,
+            });
+            let before = ch.weight();
+            let mut too_many_runs = false;
+            match ch {
+                Chunk::Runs { runs, mapped } => {
+                    match runs.last_mut() {
+                        Some(p) if p.end() == i && follows(p.entry(p.end() - 1), first) => {
+                            p.len += n;
+                        }
+                        Some(p) if p.end() > i => panic!("load_run out of order"),
+                        _ => runs.push(Run {
+                            start: i,
+                            len: n,
+                            first,
+                        }),
+                    }
+                    *mapped += u32::from(n);
+                    too_many_runs = runs.len() > RUNS_MAX;
+                }
+                Chunk::Dense { entries, mapped } => {
+                    for k in 0..n {
+                        debug_assert!(!entries[usize::from(i + k)].is_mapped());
+                        entries[usize::from(i + k)] =
+                            first.with_index(first.index() + u32::from(k));
+                    }
+                    *mapped += u32::from(n);
+                }
+            }
+            if too_many_runs {
+                let entries = ch.to_dense();
+                let m = ch.mapped();
+                *ch = Chunk::Dense { entries, mapped: m };
+            }
+            self.weight = self.weight + ch.weight() - before;
+            self.mapped += u64::from(n);
+            lba += u64::from(n);
+        }
+    }
+
+    /// Calls `f` with every mapped run, in LBA order (a checkpoint base).
+    pub fn for_each_run(&self, mut f: impl FnMut(MapRun)) {
+        // Runs that continue across a chunk edge are joined.
+        let mut pending: Option<MapRun> = None;
+        let mut emit = |r: MapRun| {
+            if let Some(p) = &mut pending {
+                if p.end() == r.lba && follows(p.entry(p.sectors - 1), r.first) {
+                    p.sectors += r.sectors;
+                    return;
+                }
+                f(*p);
+            }
+            pending = Some(r);
+        };
+        for (k, c) in &self.chunks {
+            c.for_each_run(k * CHUNK_ENTRIES as u64, &mut emit);
+        }
+        if let Some(p) = pending {
+            f(p);
+        }
+    }
+
+    /// Calls `f` with the runs, mapped and unmapped, that cover the sectors
+    /// marked in `dirty`, in LBA order (a checkpoint delta).
+    pub fn delta_runs(&self, dirty: &Dirty, mut f: impl FnMut(MapRun)) {
+        let mut entries = [MapEntry::UNMAPPED; CHUNK_ENTRIES];
+        for (&c, bits) in dirty {
+            let base = c * CHUNK_ENTRIES as u64;
+            let ch = self.chunks.get(&c);
+            let mut i = 0;
+            while i < CHUNK_ENTRIES {
+                if !is_marked(bits, i) {
+                    i += 1;
+                    continue;
+                }
+                let start = i;
+                while i < CHUNK_ENTRIES && is_marked(bits, i) {
+                    i += 1;
+                }
+                let span = &mut entries[start..i];
+                match ch {
+                    Some(ch) => ch.get_range(start as u16, span),
+                    None => span.fill(MapEntry::UNMAPPED),
+                }
+                group_runs(base + start as u64, span, true, &mut f);
+            }
+        }
+    }
+
+    /// The sectors changed since the last call, which starts a new set.
+    pub fn take_dirty(&mut self) -> Dirty {
+        std::mem::take(&mut self.dirty)
+    }
+
+    /// Sectors marked changed (for stats and tests).
+    pub fn dirty_sectors(&self) -> u64 {
+        self.dirty
+            .values()
+            .map(|b| b.iter().map(|w| u64::from(w.count_ones())).sum::<u64>())
+            .sum()
+    }
+
+    /// At least the runs a checkpoint base of the map holds.
+    pub fn weight(&self) -> u64 {
+        self.weight
     }
 
     /// Number of mapped sectors.
@@ -320,12 +622,15 @@ impl SectorMap {
         self.mapped
     }
 
-    /// Bytes of RAM the map uses (chunks plus tree overhead).
+    /// Bytes of RAM the map uses (chunks, tree overhead and the record of
+    /// what changed since the last checkpoint).
     pub fn memory_bytes(&self) -> u64 {
-        self.chunks
+        let chunks: u64 = self
+            .chunks
             .values()
             .map(|c| (c.memory_bytes() + TREE_SLOT_BYTES) as u64)
-            .sum()
+            .sum();
+        chunks + (self.dirty.len() * (std::mem::size_of::<DirtyBits>() + TREE_SLOT_BYTES)) as u64
     }
 
     pub fn chunk_count(&self) -> usize {
@@ -339,8 +644,10 @@ impl SectorMap {
             return;
         }
         self.mapped += u64::from(ch.mapped());
+        self.weight += ch.weight();
         if let Some(old) = self.chunks.insert(index, ch) {
             self.mapped -= u64::from(old.mapped());
+            self.weight -= old.weight();
         }
     }
 
@@ -392,14 +699,14 @@ impl SectorMap {
         }
         None
     }
+}
 
-    /// Deep copy in checkpoint form (dense chunks, index order).
-    pub fn snapshot(&self) -> Vec<(u64, Box<[MapEntry; CHUNK_ENTRIES]>)> {
-        self.chunks
-            .iter()
-            .map(|(k, c)| (*k, c.to_dense()))
-            .collect()
-    }
+fn mark(dirty: &mut Dirty, c: u64, i: u16) {
+    dirty.entry(c).or_insert([0; CHUNK_ENTRIES / 64])[usize::from(i / 64)] |= 1 << (i % 64);
+}
+
+fn is_marked(bits: &DirtyBits, i: usize) -> bool {
+    bits[i / 64] & (1 << (i % 64)) != 0
 }
 
 fn split(lba: u64) -> (u64, u16) {
@@ -443,6 +750,7 @@ mod tests {
                 m.set(b * 16 + i, blob((1 << 20) + b * 65600, 16, i as u32));
             }
         }
+        m.take_dirty(); // as a checkpoint does
         let per = m.memory_bytes() as f64 / m.mapped() as f64;
         assert!(per < 1.5, "{per} bytes per sector");
         assert_eq!(m.get(17), blob((1 << 20) + 65600, 16, 1));
@@ -460,6 +768,10 @@ mod tests {
             let l = r.gen_range(0..n);
             m.set(l, MapEntry::new((2 << 20) + 16 * k, 0, 1, 4160));
         }
+        // Between checkpoints the record of changes adds a bit per sector.
+        let per = m.memory_bytes() as f64 / m.mapped() as f64;
+        assert!(per <= 8.35, "{per} bytes per sector");
+        m.take_dirty();
         let per = m.memory_bytes() as f64 / m.mapped() as f64;
         assert!(per <= 8.1, "{per} bytes per sector");
     }
@@ -504,14 +816,129 @@ mod tests {
                     assert_eq!(it.len() as u64, mapped);
                     let first = model.iter().position(|e| e.is_mapped()).map(|p| p as u64);
                     assert_eq!(m.next_mapped(0, u64::MAX), first);
-                    // round trip through checkpoint form
+                    // Round trip through a checkpoint base.
                     let mut m2 = SectorMap::new();
-                    for (i, c) in m.snapshot() {
-                        m2.load_chunk(i, c);
-                    }
+                    m.for_each_run(|r| m2.load_run(r));
                     assert_eq!(m2.iter_mapped().collect::<Vec<_>>(), it);
+                    assert_eq!(m2.mapped(), m.mapped());
                 }
             }
         }
+    }
+
+    /// A base and then deltas of what changed, applied in order, rebuild the
+    /// map exactly, whatever happened in between; `weight` bounds the runs.
+    #[test]
+    fn a_base_plus_deltas_rebuild_the_map() {
+        let mut r = rand::rngs::StdRng::seed_from_u64(11);
+        let span = 5 * CHUNK_ENTRIES as u64;
+        let mut m = SectorMap::new();
+        let mut copy = SectorMap::new();
+        for round in 0..60u64 {
+            for k in 0..r.gen_range(1..200u64) {
+                let start = r.gen_range(0..span);
+                let n = r.gen_range(1..=32u64).min(span - start);
+                let trim = r.gen_range(0..5) == 0;
+                for i in 0..n {
+                    let e = if trim {
+                        MapEntry::UNMAPPED
+                    } else {
+                        blob((1 << 20) + (round * 1000 + k) * 65600, n as u32, i as u32)
+                    };
+                    m.set(start + i, e);
+                }
+            }
+            if r.gen_range(0..4) == 0 {
+                // A whole chunk trimmed.
+                let c = r.gen_range(0..5u64) * CHUNK_ENTRIES as u64;
+                for l in c..c + CHUNK_ENTRIES as u64 {
+                    m.set(l, MapEntry::UNMAPPED);
+                }
+            }
+            let dirty = m.take_dirty();
+            if round % 10 == 0 {
+                copy = SectorMap::new();
+                m.for_each_run(|run| copy.load_run(run));
+            } else {
+                let mut runs = Vec::new();
+                m.delta_runs(&dirty, |run| runs.push(run));
+                for w in runs.windows(2) {
+                    assert!(w[0].end() <= w[1].lba, "delta runs out of order");
+                }
+                for run in runs {
+                    copy.apply_run(run);
+                }
+            }
+            copy.take_dirty();
+            assert_eq!(
+                copy.iter_mapped().collect::<Vec<_>>(),
+                m.iter_mapped().collect::<Vec<_>>(),
+                "round {round}"
+            );
+            assert_eq!(copy.mapped(), m.mapped());
+            let mut runs = 0;
+            m.for_each_run(|_| runs += 1);
+            assert!(m.weight() >= runs, "weight {} < {runs} runs", m.weight());
+        }
+    }
+
+    /// Applying a run splices the run list exactly as setting each of its
+    /// sectors would.
+    #[test]
+    fn apply_run_matches_setting_each_sector() {
+        let mut r = rand::rngs::StdRng::seed_from_u64(5);
+        let span = 3 * CHUNK_ENTRIES as u64;
+        let mut fast = SectorMap::new();
+        let mut slow = SectorMap::new();
+        for k in 0..20_000u64 {
+            let lba = r.gen_range(0..span);
+            let n = r.gen_range(1..=40u64).min(span - lba) as u32;
+            let first = match r.gen_range(0..5) {
+                0 => MapEntry::UNMAPPED,
+                // 32-sector extents, entered anywhere that leaves room.
+                _ => blob((1 << 20) + k * 131_200, 32, r.gen_range(0..=32 - n.min(32))),
+            };
+            let n = if first.is_mapped() {
+                n.min(32 - first.index())
+            } else {
+                n
+            };
+            let run = MapRun {
+                lba,
+                sectors: n,
+                first,
+            };
+            fast.apply_run(run);
+            for i in 0..n {
+                slow.set(lba + u64::from(i), run.entry(i));
+            }
+            if k % 1000 == 0 {
+                assert_eq!(
+                    fast.iter_mapped().collect::<Vec<_>>(),
+                    slow.iter_mapped().collect::<Vec<_>>(),
+                    "after {k} runs"
+                );
+                assert_eq!(fast.mapped(), slow.mapped());
+                assert_eq!(fast.chunk_count(), slow.chunk_count());
+                let mut runs = 0;
+                fast.for_each_run(|_| runs += 1);
+                assert!(fast.weight() >= runs);
+            }
+        }
+    }
+
+    #[test]
+    fn only_changes_are_dirty() {
+        let mut m = SectorMap::new();
+        let e = blob(1 << 20, 1, 0);
+        m.set(10, e);
+        m.set(11, MapEntry::UNMAPPED); // was unmapped already
+        m.set(1 << 30, MapEntry::UNMAPPED); // no chunk at all
+        assert_eq!(m.dirty_sectors(), 1);
+        m.take_dirty();
+        m.set(10, e); // same entry
+        assert_eq!(m.dirty_sectors(), 0);
+        m.set(10, MapEntry::UNMAPPED);
+        assert_eq!(m.dirty_sectors(), 1);
     }
 }

@@ -47,6 +47,25 @@ pub struct VolumeStats {
     pub log_bytes_written: u64,
     pub checkpoint_bytes_written: u64,
     pub checkpoints: u64,
+    /// The checkpoint chain recovery reads: its base piece (the whole map),
+    /// and the delta pieces (changed sectors only) written after it.
+    #[serde(default)]
+    pub checkpoint_base_bytes: u64,
+    #[serde(default)]
+    pub checkpoint_delta_bytes: u64,
+    #[serde(default)]
+    pub checkpoint_deltas: u64,
+    /// Sectors whose mapping changed since the last checkpoint (what the
+    /// next delta holds).
+    #[serde(default)]
+    pub map_dirty_sectors: u64,
+    /// The last open: seconds from reading the superblocks to accepting
+    /// writes (recovery's own checkpoint included), and log records
+    /// replayed.
+    #[serde(default)]
+    pub open_seconds: f64,
+    #[serde(default)]
+    pub open_replayed_records: u64,
     /// Backing bytes written per stored byte of client data.
     pub write_amplification: f64,
     pub checksum_errors: u64,
@@ -97,13 +116,14 @@ pub struct VolumeStats {
 /// A point-in-time view of the counters and space.
 pub(crate) fn collect(inner: &Inner) -> VolumeStats {
     let c = &inner.counters;
-    let (mapped, stored, map_mem, below_pending) = {
+    let (mapped, stored, map_mem, below_pending, dirty) = {
         let st = inner.state.read();
         (
             st.map.mapped(),
             st.usage.live_bytes,
             st.map.memory_bytes(),
             st.usage.below_target_total(),
+            st.map.dirty_sectors(),
         )
     };
     let write_algorithm = {
@@ -113,6 +133,11 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
             None => p.algorithm.to_string(),
         }
     };
+    let (base_bytes, delta_bytes, deltas) = {
+        let h = inner.ckpt_history.lock();
+        (h.base_bytes, h.delta_bytes, h.deltas)
+    };
+    let opened = *inner.opened.lock();
     let (segments_total, segments_free, available) = {
         let log = inner.log.lock();
         (
@@ -174,6 +199,12 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         log_bytes_written: c.get(Counter::LogBytes),
         checkpoint_bytes_written: c.get(Counter::CheckpointBytes),
         checkpoints: c.get(Counter::Checkpoints),
+        checkpoint_base_bytes: base_bytes,
+        checkpoint_delta_bytes: delta_bytes,
+        checkpoint_deltas: deltas,
+        map_dirty_sectors: dirty,
+        open_seconds: opened.duration.as_secs_f64(),
+        open_replayed_records: opened.replayed,
         write_amplification: if client == 0 {
             0.0
         } else {

@@ -30,14 +30,16 @@ use crate::space::ahead::ALLOC_STEP;
 use crate::space::cleaner::CleanReport;
 use crate::space::merge::MergeReport;
 use crate::space::{SegState, SegmentId, SegmentTable, Usage};
-use crate::state::{max_segments, segment_of, CheckpointHistory, Inner, LogState, MapState};
+use crate::state::{
+    max_segments, segment_of, CheckpointHistory, Inner, LogState, MapState, OpenReport,
+};
 use crate::stats::VolumeStats;
 use crate::storage::Storage;
 use parking_lot::{Condvar, Mutex, RwLock};
 use squeeze_codec::CompressEngine;
 use squeeze_format::{
-    CheckpointRef, CodecId, CompressionMode, Policy, Superblock, DATA_START, RECORD_HEADER_SIZE,
-    SECTOR_SIZE, SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
+    CheckpointRef, CodecId, CompressionMode, Policy, Superblock, DATA_START, FORMAT_VERSION,
+    RECORD_HEADER_SIZE, SECTOR_SIZE, SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
 };
 use std::sync::Arc;
 
@@ -146,6 +148,7 @@ impl Volume {
         }
         let uuid: [u8; 16] = rand::random();
         let sb = Superblock {
+            version: FORMAT_VERSION,
             uuid,
             generation: 0,
             logical_size: opts.logical_size,
@@ -199,6 +202,7 @@ impl Volume {
     /// Opens an existing volume: newest valid superblock, its checkpoint,
     /// then replay of the log after it.
     pub fn open(storage: Arc<dyn Storage>, open: OpenOptions) -> Result<Volume> {
+        let started = std::time::Instant::now();
         let slots = sbio::read_slots(&*storage)?;
         let mut sb = slots.sb;
         if !slots.other_intact {
@@ -206,11 +210,15 @@ impl Volume {
             // checkpoint this one names, whatever its clean flag says.
             sb.clean = false;
         }
+        // Segments only the other slot's checkpoint uses (a delta shares
+        // its chain's segments with the checkpoints before it).
         let older: Vec<SegmentId> = slots
             .other
             .map(|o| o.checkpoint.segments)
-            .filter(|o| *o != sb.checkpoint.segments)
-            .unwrap_or_default();
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| !sb.checkpoint.segments.contains(s))
+            .collect();
         let rec = recovery::recover(&*storage, &sb, &older)?;
         let needs_checkpoint = !sb.clean;
         let mut log = rec.log;
@@ -221,14 +229,41 @@ impl Volume {
         *vol.inner.ckpt_history.lock() = CheckpointHistory {
             older_segments: older,
             prev_head_seq: rec.checkpoint_head_seq,
+            base_bytes: rec.chain.base_bytes,
+            delta_bytes: rec.chain.delta_bytes,
+            deltas: rec.chain.deltas,
+            need_base: !rec.chain.takes_deltas,
+            rebase_factor: checkpoint::REBASE_FACTOR,
+            rebase_min_bytes: checkpoint::REBASE_MIN_BYTES,
         };
-        if vol.inner.read_only {
-            return Ok(vol);
+        if !vol.inner.read_only {
+            Self::settle_after_open(&vol, needs_checkpoint, rec.replayed)?;
         }
+        let report = OpenReport {
+            duration: started.elapsed(),
+            replayed: rec.replayed,
+        };
+        *vol.inner.opened.lock() = report;
+        tracing::info!(
+            ms = report.duration.as_millis() as u64,
+            replayed = rec.replayed,
+            mapped_sectors = vol.inner.state.read().map.mapped(),
+            checkpoint_base_bytes = rec.chain.base_bytes,
+            checkpoint_deltas = rec.chain.deltas,
+            checkpoint_delta_bytes = rec.chain.delta_bytes,
+            "volume opened"
+        );
+        Ok(vol)
+    }
+
+    /// After recovery, before accepting writes: free what a crash left
+    /// allocated, then checkpoint the replayed state (after a crash) or
+    /// mark the volume in use.
+    fn settle_after_open(vol: &Volume, needs_checkpoint: bool, replayed: u64) -> Result<()> {
         recovery::punch_free(&vol.inner)?;
         if needs_checkpoint {
             tracing::info!(
-                replayed = rec.replayed,
+                replayed,
                 "volume was not closed cleanly; replayed the log and wrote a new checkpoint"
             );
             checkpoint::write(&vol.inner, false)?;
@@ -238,7 +273,7 @@ impl Volume {
             sb.clean = false;
             sbio::write(&*vol.inner.storage, &mut sb)?;
         }
-        Ok(vol)
+        Ok(())
     }
 
     fn assemble(
@@ -279,7 +314,14 @@ impl Volume {
             ckpt_history: Mutex::new(CheckpointHistory {
                 older_segments: Vec::new(),
                 prev_head_seq: u64::MAX,
+                base_bytes: 0,
+                delta_bytes: 0,
+                deltas: 0,
+                need_base: true,
+                rebase_factor: checkpoint::REBASE_FACTOR,
+                rebase_min_bytes: checkpoint::REBASE_MIN_BYTES,
             }),
+            opened: Mutex::new(OpenReport::default()),
             cleaner_lock: Mutex::new(()),
             cleaning: Mutex::new(None),
             counters: Counters::default(),
@@ -311,6 +353,16 @@ impl Volume {
             allocator,
             closed: false,
         })
+    }
+
+    /// Sets when a checkpoint writes a new base instead of a delta: once
+    /// the deltas reach `factor` times the base and at least `min_bytes`.
+    /// For tests that want bases often; the defaults suit every volume.
+    #[doc(hidden)]
+    pub fn set_rebase_threshold(&self, factor: u64, min_bytes: u64) {
+        let mut h = self.inner.ckpt_history.lock();
+        h.rebase_factor = factor;
+        h.rebase_min_bytes = min_bytes;
     }
 
     /// Logical size in bytes.

@@ -165,13 +165,22 @@ fn corrupt_checkpoint_is_reported() {
     .unwrap();
     let cur = ro.superblock();
     drop(ro);
-    let off = cur.segment_offset(cur.checkpoint.segments[0]);
-    s.flip_bit(off + 40, 0);
-    let e = open(&s).err().expect("corrupt checkpoint");
-    assert!(
-        e.to_string().contains("checkpoint checksum mismatch"),
-        "{e}"
-    );
+    // The chain holds a base (create) and deltas (the writes, the close):
+    // a flipped bit in the last piece, or in the base, is refused.
+    assert!(cur.checkpoint.len > 4096, "{:?}", cur.checkpoint);
+    let seg = u64::from(cur.segment_size);
+    let chain_byte =
+        |pos: u64| cur.segment_offset(cur.checkpoint.segments[(pos / seg) as usize]) + pos % seg;
+    for pos in [cur.checkpoint.len - 4096 + 40, 40] {
+        s.flip_bit(chain_byte(pos), 0);
+        let e = open(&s).err().expect("corrupt checkpoint");
+        assert!(
+            e.to_string().contains("checkpoint piece checksum mismatch"),
+            "{e}"
+        );
+        s.flip_bit(chain_byte(pos), 0);
+    }
+    open(&s).expect("the repaired chain opens");
 }
 
 #[test]

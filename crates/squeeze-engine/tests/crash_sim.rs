@@ -187,8 +187,22 @@ impl Rig {
     }
 }
 
+thread_local! {
+    /// This seed's volumes write a checkpoint base as often as every other
+    /// checkpoint (odd seeds), so that crashes land in new chains too.
+    static REBASE_OFTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn tune(vol: &Volume) {
+    if REBASE_OFTEN.with(|c| c.get()) {
+        vol.set_rebase_threshold(1, 0);
+    }
+}
+
 fn open(rig: &Rig) -> squeeze_engine::Result<Volume> {
-    Volume::open(rig.storage(), rig.options())
+    let v = Volume::open(rig.storage(), rig.options())?;
+    tune(&v);
+    Ok(v)
 }
 
 /// Crashes the disk, optionally crashes again during recovery, reopens.
@@ -230,6 +244,7 @@ struct KillStats {
 
 fn run_seed(path: IoPath, seed: u64) -> KillStats {
     let mut r = rng(seed);
+    REBASE_OFTEN.with(|c| c.set(seed % 2 == 1));
     let mut kills = KillStats::default();
     let mut policy = default_policy();
     policy.codec = [CodecId::Lz4, CodecId::Zstd, CodecId::None][r.gen_range(0..3)];
@@ -245,6 +260,7 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
     let mut opts = small_opts(SIZE);
     opts.policy = policy;
     let mut vol = Volume::create_with(rig.storage(), &opts, rig.options()).unwrap();
+    tune(&vol);
     let mut m = Model::new();
     let steps = r.gen_range(20..80);
     let mut armed = false;

@@ -1,215 +1,436 @@
-//! The checkpoint stream: a snapshot of the sector map, the log position to
-//! replay from, and the persistent counters. It is written into whole free
-//! segments (never log segments); the superblock lists those segments with
-//! the stream's length and CRC-32C, and only becomes durable after the
-//! stream is.
+//! The checkpoint chain (format 2): the sector map as of a log position,
+//! written as a **base** piece (every mapped run) followed by **delta**
+//! pieces (only the runs of sectors whose mapping changed since the piece
+//! before). Each piece also carries the log position to replay from and the
+//! persistent counters, so the last piece of a chain is a whole checkpoint:
+//! base + deltas in order = the map at the last piece's head.
+//!
+//! The pieces of a chain are laid end to end, each padded to 4 KiB, in the
+//! segments the superblock lists; the superblock holds the chain's length
+//! and the CRC-32C of its last piece, so appending a delta never rewrites a
+//! byte an older superblock slot still names.
 //!
 //! ```text
 //! byte  0  magic         [8]  "SQZCKPT\0"
-//!       8  version       u32  FORMAT_VERSION
-//!      12  reserved      u32  0
+//!       8  version       u32  2
+//!      12  kind          u32  0 = base, 1 = delta
 //!      16  uuid          [16]
-//!      32  generation    u64  superblock generation that points here
+//!      32  generation    u64  superblock generation that first pointed here
 //!      40  next_seq      u64  replay expects this sequence number next
 //!      48  head_offset   u64  byte offset of the next record in the log
-//!      56  chunk_count   u64  map chunks that follow
-//!      64  counter_count u32  u64 counters that follow the header
-//!      68  chunk_entries u32  CHUNK_ENTRIES
-//!      72  reserved      [56] zero
+//!      56  run_count     u64  map runs that follow the counters
+//!      64  counter_count u32
+//!      68  crc           u32  CRC-32C of the whole piece with this field zero
+//!      72  piece_len     u64  bytes of the piece, padding included (k x 4096)
+//!      80  reserved      [48] zero
 //!     128  counters      u64 x counter_count
-//!      ..  chunks        chunk_count x (chunk index u64, CHUNK_ENTRIES x MapEntry u64)
+//!      ..  runs          run_count x (lba u64, sectors u32, first entry u64)
+//!      ..  padding       zero up to piece_len
 //! ```
-//! Chunk `i` covers logical sectors `i*CHUNK_ENTRIES .. (i+1)*CHUNK_ENTRIES`;
-//! chunks with no mapped sector are omitted, chunk indices strictly increase.
+//! A run maps `sectors` consecutive logical sectors from `lba` to
+//! consecutive sectors of one record's extent, starting with `first`; a run
+//! whose `first` is unmapped (0) unmaps its sectors (deltas only). Runs of a
+//! piece are sorted by LBA and do not overlap.
 
 use crate::le::{get_u32, get_u64, put_u32, put_u64};
-use crate::superblock::FORMAT_VERSION;
-use crate::{FormatError, MapEntry};
+use crate::{checksum, FormatError, MapEntry};
 
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"SQZCKPT\0";
-pub const CHECKPOINT_HEADER_SIZE: usize = 128;
-/// Map entries per chunk (covers 2 MiB of logical space).
+/// The format version of checkpoint pieces.
+pub const VERSION: u32 = 2;
+pub const PIECE_HEADER_SIZE: usize = 128;
+/// Pieces are padded to this (a piece never shares a 4 KiB block with the
+/// next one, so a torn write of a new piece cannot touch an old one).
+pub const PIECE_ALIGN: u64 = 4096;
+/// Bytes of one encoded run.
+pub const RUN_BYTES: usize = 20;
+/// Map entries per chunk (covers 2 MiB of logical space): the unit of the
+/// engine's in-memory map, and of format 1's checkpoint stream.
 pub const CHUNK_ENTRIES: usize = 512;
-/// Bytes one chunk takes in the stream.
-pub const CHUNK_BYTES: usize = 8 + 8 * CHUNK_ENTRIES;
 /// Most counters a checkpoint may carry (a sanity bound for decoding).
 pub const MAX_COUNTERS: usize = 4096;
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PieceKind {
+    /// The whole map: starts a chain.
+    Base,
+    /// The runs that changed since the piece before.
+    Delta,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckpointHeader {
+pub struct PieceHeader {
+    pub kind: PieceKind,
     pub uuid: [u8; 16],
     pub generation: u64,
     pub next_seq: u64,
     pub head_offset: u64,
 }
 
-/// Builds a checkpoint stream.
-pub struct CheckpointWriter {
-    buf: Vec<u8>,
-    chunks: u64,
-    last_index: Option<u64>,
+/// `sectors` logical sectors from `lba`, mapped to consecutive sectors of
+/// one extent from `first`, or unmapped when `first` is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapRun {
+    pub lba: u64,
+    pub sectors: u32,
+    pub first: MapEntry,
 }
 
-impl CheckpointWriter {
-    pub fn new(h: &CheckpointHeader, counters: &[u64], chunk_hint: usize) -> Self {
+impl MapRun {
+    pub fn end(&self) -> u64 {
+        self.lba + u64::from(self.sectors)
+    }
+
+    /// The entry of sector `lba + i`.
+    pub fn entry(&self, i: u32) -> MapEntry {
+        if self.first.is_mapped() {
+            self.first.with_index(self.first.index() + i)
+        } else {
+            MapEntry::UNMAPPED
+        }
+    }
+}
+
+/// Bytes of a piece with `counters` counters and `runs` runs, padded.
+pub fn piece_len(counters: usize, runs: u64) -> u64 {
+    ((PIECE_HEADER_SIZE + 8 * counters) as u64 + runs * RUN_BYTES as u64).div_ceil(PIECE_ALIGN)
+        * PIECE_ALIGN
+}
+
+/// Builds one piece.
+pub struct PieceWriter {
+    buf: Vec<u8>,
+    runs: u64,
+    last_end: u64,
+    kind: PieceKind,
+}
+
+impl PieceWriter {
+    pub fn new(h: &PieceHeader, counters: &[u64], run_hint: usize) -> Self {
         assert!(counters.len() <= MAX_COUNTERS);
-        let mut buf = Vec::with_capacity(
-            CHECKPOINT_HEADER_SIZE + 8 * counters.len() + chunk_hint * CHUNK_BYTES,
-        );
-        buf.resize(CHECKPOINT_HEADER_SIZE, 0);
+        let mut buf =
+            Vec::with_capacity(PIECE_HEADER_SIZE + 8 * counters.len() + run_hint * RUN_BYTES);
+        buf.resize(PIECE_HEADER_SIZE, 0);
         buf[0..8].copy_from_slice(&CHECKPOINT_MAGIC);
-        put_u32(&mut buf, 8, FORMAT_VERSION);
+        put_u32(&mut buf, 8, VERSION);
+        put_u32(&mut buf, 12, h.kind as u32);
         buf[16..32].copy_from_slice(&h.uuid);
         put_u64(&mut buf, 32, h.generation);
         put_u64(&mut buf, 40, h.next_seq);
         put_u64(&mut buf, 48, h.head_offset);
         put_u32(&mut buf, 64, counters.len() as u32);
-        put_u32(&mut buf, 68, CHUNK_ENTRIES as u32);
         for c in counters {
             buf.extend_from_slice(&c.to_le_bytes());
         }
-        CheckpointWriter {
+        PieceWriter {
             buf,
-            chunks: 0,
-            last_index: None,
+            runs: 0,
+            last_end: 0,
+            kind: h.kind,
         }
     }
 
-    /// Appends one chunk; indices must strictly increase.
-    pub fn push_chunk(&mut self, index: u64, entries: &[MapEntry; CHUNK_ENTRIES]) {
-        assert!(self.last_index.is_none_or(|l| l < index));
-        self.last_index = Some(index);
-        self.buf.extend_from_slice(&index.to_le_bytes());
-        for e in entries {
-            self.buf.extend_from_slice(&e.0.to_le_bytes());
-        }
-        self.chunks += 1;
+    /// Appends a run: runs must come in LBA order without overlapping, and
+    /// a base holds only mapped runs.
+    pub fn push(&mut self, r: MapRun) {
+        assert!(r.sectors > 0 && r.lba >= self.last_end, "runs out of order");
+        assert!(self.kind == PieceKind::Delta || r.first.is_mapped());
+        self.last_end = r.end();
+        self.buf.extend_from_slice(&r.lba.to_le_bytes());
+        self.buf.extend_from_slice(&r.sectors.to_le_bytes());
+        self.buf.extend_from_slice(&r.first.0.to_le_bytes());
+        self.runs += 1;
     }
 
+    pub fn runs(&self) -> u64 {
+        self.runs
+    }
+
+    /// The padded piece with its length and CRC filled in.
     pub fn finish(mut self) -> Vec<u8> {
-        put_u64(&mut self.buf, 56, self.chunks);
+        let len = self.buf.len() as u64;
+        let padded = len.div_ceil(PIECE_ALIGN) * PIECE_ALIGN;
+        self.buf.resize(padded as usize, 0);
+        put_u64(&mut self.buf, 56, self.runs);
+        put_u64(&mut self.buf, 72, padded);
+        let crc = piece_crc(&self.buf);
+        put_u32(&mut self.buf, 68, crc);
         self.buf
     }
 }
 
-/// A decoded checkpoint: header, counters and a view of the chunks.
-pub struct CheckpointReader<'a> {
-    pub header: CheckpointHeader,
-    pub counters: Vec<u64>,
-    chunks: &'a [u8],
+/// CRC-32C of a piece as the header stores it (its crc field read as zero).
+fn piece_crc(b: &[u8]) -> u32 {
+    let crc = checksum::crc32c(&b[..68]);
+    let crc = checksum::crc32c_append(crc, &[0; 4]);
+    checksum::crc32c_append(crc, &b[72..])
 }
 
-impl<'a> CheckpointReader<'a> {
-    /// Validates the stream's framing (the caller has checked its CRC).
+/// A decoded piece: its header, counters and a view of its runs.
+pub struct Piece<'a> {
+    pub header: PieceHeader,
+    pub counters: Vec<u64>,
+    /// Bytes the piece occupies (padding included).
+    pub len: u64,
+    /// Its CRC (what a superblock naming it as a chain's last piece holds).
+    pub crc: u32,
+    runs: &'a [u8],
+}
+
+impl<'a> Piece<'a> {
+    /// Decodes and checks the piece at the start of `b` (which may go on
+    /// with later pieces).
     pub fn decode(b: &'a [u8], uuid: &[u8; 16]) -> Result<Self, FormatError> {
-        let trunc = |need| FormatError::Truncated {
-            what: "checkpoint",
-            need,
-            have: b.len(),
+        let invalid = |why: String| FormatError::Invalid {
+            what: "checkpoint piece",
+            why,
         };
-        if b.len() < CHECKPOINT_HEADER_SIZE {
-            return Err(trunc(CHECKPOINT_HEADER_SIZE));
+        if b.len() < PIECE_HEADER_SIZE {
+            return Err(FormatError::Truncated {
+                what: "checkpoint piece",
+                need: PIECE_HEADER_SIZE,
+                have: b.len(),
+            });
         }
         if b[0..8] != CHECKPOINT_MAGIC {
             return Err(FormatError::BadMagic { what: "checkpoint" });
         }
         let version = get_u32(b, 8);
-        if version != FORMAT_VERSION {
+        if version != VERSION {
             return Err(FormatError::UnsupportedVersion {
                 found: version,
-                supported: FORMAT_VERSION,
+                supported: VERSION,
+            });
+        }
+        let len = get_u64(b, 72);
+        if len < PIECE_ALIGN || !len.is_multiple_of(PIECE_ALIGN) {
+            return Err(invalid(format!("length {len}")));
+        }
+        if len > b.len() as u64 {
+            return Err(FormatError::Truncated {
+                what: "checkpoint piece",
+                need: usize::try_from(len).unwrap_or(usize::MAX),
+                have: b.len(),
+            });
+        }
+        let b = &b[..len as usize];
+        let crc = get_u32(b, 68);
+        let got = piece_crc(b);
+        if got != crc {
+            return Err(FormatError::ChecksumMismatch {
+                what: "checkpoint piece",
+                expected: crc,
+                got,
             });
         }
         if &b[16..32] != uuid {
             return Err(FormatError::WrongVolume { what: "checkpoint" });
         }
+        let kind = match get_u32(b, 12) {
+            0 => PieceKind::Base,
+            1 => PieceKind::Delta,
+            k => return Err(invalid(format!("unknown kind {k}"))),
+        };
         let n_counters = get_u32(b, 64) as usize;
-        if n_counters > MAX_COUNTERS || get_u32(b, 68) as usize != CHUNK_ENTRIES {
-            return Err(FormatError::Invalid {
-                what: "checkpoint",
-                why: "bad counter count or chunk size".into(),
-            });
+        if n_counters > MAX_COUNTERS {
+            return Err(invalid(format!("{n_counters} counters")));
         }
-        let chunk_count = get_u64(b, 56);
-        let counters_end = CHECKPOINT_HEADER_SIZE + 8 * n_counters;
-        let need = u128::from(chunk_count) * CHUNK_BYTES as u128 + counters_end as u128;
-        if need != b.len() as u128 {
-            return Err(FormatError::Invalid {
-                what: "checkpoint",
-                why: format!("{chunk_count} chunks do not fill {} bytes", b.len()),
-            });
+        let run_count = get_u64(b, 56);
+        let counters_end = PIECE_HEADER_SIZE + 8 * n_counters;
+        let runs_end = u128::from(run_count) * RUN_BYTES as u128 + counters_end as u128;
+        if runs_end > u128::from(len) || u128::from(len) - runs_end >= u128::from(PIECE_ALIGN) {
+            return Err(invalid(format!("{run_count} runs do not fill {len} bytes")));
         }
-        let counters = (0..n_counters)
-            .map(|i| get_u64(b, CHECKPOINT_HEADER_SIZE + 8 * i))
-            .collect();
-        Ok(CheckpointReader {
-            header: CheckpointHeader {
+        let runs_end = runs_end as usize;
+        if b[80..PIECE_HEADER_SIZE].iter().any(|&x| x != 0) || b[runs_end..].iter().any(|&x| x != 0)
+        {
+            return Err(invalid("nonzero reserved bytes or padding".into()));
+        }
+        Ok(Piece {
+            header: PieceHeader {
+                kind,
                 uuid: *uuid,
                 generation: get_u64(b, 32),
                 next_seq: get_u64(b, 40),
                 head_offset: get_u64(b, 48),
             },
-            counters,
-            chunks: &b[counters_end..],
+            counters: (0..n_counters)
+                .map(|i| get_u64(b, PIECE_HEADER_SIZE + 8 * i))
+                .collect(),
+            len,
+            crc,
+            runs: &b[counters_end..runs_end],
         })
     }
 
-    pub fn chunk_count(&self) -> usize {
-        self.chunks.len() / CHUNK_BYTES
+    pub fn run_count(&self) -> usize {
+        self.runs.len() / RUN_BYTES
     }
 
-    /// Chunk `i` as (chunk index, entries). Errors if indices do not increase.
-    pub fn chunks(
-        &self,
-    ) -> impl Iterator<Item = Result<(u64, Box<[MapEntry; CHUNK_ENTRIES]>), FormatError>> + '_ {
-        let mut last: Option<u64> = None;
-        self.chunks.chunks_exact(CHUNK_BYTES).map(move |c| {
-            let index = get_u64(c, 0);
-            if last.is_some_and(|l| l >= index) {
+    /// The runs, checked: non-empty, in order, not overlapping, inside
+    /// their extent, and mapped in a base.
+    pub fn runs(&self) -> impl Iterator<Item = Result<MapRun, FormatError>> + '_ {
+        let kind = self.header.kind;
+        let mut last_end = 0u64;
+        self.runs.chunks_exact(RUN_BYTES).map(move |c| {
+            let r = MapRun {
+                lba: get_u64(c, 0),
+                sectors: get_u32(c, 8),
+                first: MapEntry(get_u64(c, 12)),
+            };
+            let bad = |why: &str| {
+                Err(FormatError::Invalid {
+                    what: "checkpoint run",
+                    why: format!("{why}: {r:?}"),
+                })
+            };
+            if r.sectors == 0
+                || r.lba < last_end
+                || r.lba.checked_add(u64::from(r.sectors)).is_none()
+            {
+                return bad("empty, overlapping or out of order");
+            }
+            if r.first.is_mapped() {
+                if r.first.record_len() == 0
+                    || u64::from(r.first.index()) + u64::from(r.sectors)
+                        > u64::from(r.first.sectors())
+                {
+                    return bad("runs past its extent");
+                }
+            } else if kind == PieceKind::Base {
+                return bad("unmapped run in a base");
+            }
+            last_end = r.end();
+            Ok(r)
+        })
+    }
+}
+
+/// The pieces of a chain in order: a base, then deltas with increasing
+/// generations, filling `chain` exactly.
+pub fn pieces<'a>(
+    chain: &'a [u8],
+    uuid: &'a [u8; 16],
+) -> impl Iterator<Item = Result<Piece<'a>, FormatError>> + 'a {
+    let mut at = 0usize;
+    let mut last_generation: Option<u64> = None;
+    let mut failed = false;
+    std::iter::from_fn(move || {
+        if failed || at >= chain.len() {
+            return None;
+        }
+        let r = Piece::decode(&chain[at..], uuid).and_then(|p| {
+            let first = last_generation.is_none();
+            if first != (p.header.kind == PieceKind::Base) {
                 return Err(FormatError::Invalid {
-                    what: "checkpoint",
-                    why: "chunk indices not increasing".into(),
+                    what: "checkpoint chain",
+                    why: format!("piece at byte {at} is a {:?}", p.header.kind),
                 });
             }
-            last = Some(index);
-            let mut entries = Box::new([MapEntry::UNMAPPED; CHUNK_ENTRIES]);
-            for (i, e) in entries.iter_mut().enumerate() {
-                *e = MapEntry(get_u64(c, 8 + 8 * i));
+            if last_generation.is_some_and(|g| p.header.generation <= g) {
+                return Err(FormatError::Invalid {
+                    what: "checkpoint chain",
+                    why: format!("generation {} does not increase", p.header.generation),
+                });
             }
-            Ok((index, entries))
-        })
-    }
+            Ok(p)
+        });
+        match &r {
+            Ok(p) => {
+                last_generation = Some(p.header.generation);
+                at += p.len as usize;
+            }
+            Err(_) => failed = true,
+        }
+        Some(r)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn round_trip() {
-        let h = CheckpointHeader {
+    fn header(kind: PieceKind, generation: u64) -> PieceHeader {
+        PieceHeader {
+            kind,
             uuid: [1; 16],
-            generation: 4,
+            generation,
             next_seq: 99,
             head_offset: 1 << 20,
-        };
-        let mut w = CheckpointWriter::new(&h, &[1, 2, 3], 2);
-        let mut a = [MapEntry::UNMAPPED; CHUNK_ENTRIES];
-        a[5] = MapEntry::new(1 << 20, 0, 1, 4160);
-        w.push_chunk(3, &a);
-        w.push_chunk(10, &a);
-        let b = w.finish();
-        let r = CheckpointReader::decode(&b, &[1; 16]).unwrap();
-        assert_eq!(r.header, h);
-        assert_eq!(r.counters, vec![1, 2, 3]);
-        let chunks: Vec<_> = r.chunks().map(|c| c.unwrap()).collect();
-        assert_eq!(chunks.len(), 2);
-        assert_eq!(chunks[1].0, 10);
-        assert_eq!(chunks[1].1[5], a[5]);
+        }
+    }
+
+    fn run(lba: u64, sectors: u32, offset: u64) -> MapRun {
+        MapRun {
+            lba,
+            sectors,
+            first: if offset == 0 {
+                MapEntry::UNMAPPED
+            } else {
+                MapEntry::new(offset, 0, 32, 32 * 4096 + 64)
+            },
+        }
+    }
+
+    #[test]
+    fn a_chain_round_trips() {
+        let mut w = PieceWriter::new(&header(PieceKind::Base, 4), &[1, 2, 3], 2);
+        w.push(run(0, 32, 1 << 20));
+        w.push(run(1000, 5, 2 << 20));
+        let base = w.finish();
+        assert_eq!(base.len() as u64, piece_len(3, 2));
+        let mut w = PieceWriter::new(&header(PieceKind::Delta, 6), &[4, 5, 6], 2);
+        w.push(run(3, 2, 0));
+        w.push(run(1000, 32, 3 << 20));
+        let delta = w.finish();
+        let chain = [base.clone(), delta.clone()].concat();
+        let ps: Vec<_> = pieces(&chain, &[1; 16]).map(|p| p.unwrap()).collect();
+        assert_eq!(ps.len(), 2);
+        assert_eq!(ps[0].header, header(PieceKind::Base, 4));
+        assert_eq!(ps[1].counters, vec![4, 5, 6]);
+        assert_eq!(ps[1].crc, get_u32(&delta, 68));
+        let runs: Vec<_> = ps[1].runs().map(|r| r.unwrap()).collect();
+        assert_eq!(runs, vec![run(3, 2, 0), run(1000, 32, 3 << 20)]);
+        assert_eq!(runs[1].entry(5).index(), 5);
+        assert_eq!(runs[0].entry(1), MapEntry::UNMAPPED);
+    }
+
+    #[test]
+    fn damage_and_misuse_are_refused() {
+        let mut w = PieceWriter::new(&header(PieceKind::Base, 4), &[1], 1);
+        w.push(run(0, 32, 1 << 20));
+        let base = w.finish();
+        let uuid = [1; 16];
+        // A flipped bit anywhere, padding included.
+        for at in [0, 20, 70, 130, 4000] {
+            let mut b = base.clone();
+            b[at] ^= 1;
+            assert!(Piece::decode(&b, &uuid).is_err(), "bit flip at {at}");
+        }
         assert!(matches!(
-            CheckpointReader::decode(&b, &[2; 16]),
+            Piece::decode(&base, &[2; 16]),
             Err(FormatError::WrongVolume { .. })
         ));
-        assert!(CheckpointReader::decode(&b[..b.len() - 1], &[1; 16]).is_err());
+        assert!(Piece::decode(&base[..4095], &uuid).is_err());
+        // A delta cannot start a chain, a base cannot follow one.
+        let mut w = PieceWriter::new(&header(PieceKind::Delta, 5), &[1], 0);
+        w.push(run(7, 1, 0));
+        let delta = w.finish();
+        assert!(pieces(&delta, &uuid).next().unwrap().is_err());
+        let two_bases = [base.clone(), base.clone()].concat();
+        assert!(pieces(&two_bases, &uuid).nth(1).unwrap().is_err());
+        // Generations must increase.
+        let mut w = PieceWriter::new(&header(PieceKind::Delta, 4), &[1], 0);
+        w.push(run(7, 1, 0));
+        let stale = [base.clone(), w.finish()].concat();
+        assert!(pieces(&stale, &uuid).nth(1).unwrap().is_err());
+        // A run that goes past its extent.
+        let mut bad = base.clone();
+        bad[PIECE_HEADER_SIZE + 8 + 8..PIECE_HEADER_SIZE + 8 + 12]
+            .copy_from_slice(&33u32.to_le_bytes());
+        let crc = piece_crc(&bad);
+        put_u32(&mut bad, 68, crc);
+        let p = Piece::decode(&bad, &uuid).unwrap();
+        assert!(p.runs().next().unwrap().is_err());
     }
 }

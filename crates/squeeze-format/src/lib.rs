@@ -4,6 +4,7 @@
 //! change together.
 
 pub mod checkpoint;
+pub mod checkpoint_v1;
 pub mod checksum;
 pub mod codec_id;
 pub mod layout;
@@ -12,7 +13,7 @@ pub mod map_entry;
 pub mod record;
 pub mod superblock;
 
-pub use checkpoint::{CheckpointHeader, CheckpointReader, CheckpointWriter, CHUNK_ENTRIES};
+pub use checkpoint::{MapRun, Piece, PieceHeader, PieceKind, PieceWriter, CHUNK_ENTRIES};
 pub use codec_id::CodecId;
 pub use layout::*;
 pub use map_entry::MapEntry;
@@ -25,7 +26,7 @@ pub use superblock::{CheckpointRef, CompressionMode, Policy, Superblock, FORMAT_
 pub enum FormatError {
     #[error("bad magic: not a squeeze {what}")]
     BadMagic { what: &'static str },
-    #[error("unsupported format version {found} (this build reads version {supported})")]
+    #[error("unsupported format version {found} (this build reads versions up to {supported})")]
     UnsupportedVersion { found: u32, supported: u32 },
     #[error("unknown codec id {0}")]
     UnknownCodec(u8),

@@ -36,6 +36,12 @@ impl MapEntry {
         )
     }
 
+    /// The same extent's sector `index` (a neighbour inside the record).
+    pub fn with_index(self, index: u32) -> MapEntry {
+        debug_assert!(index < self.sectors());
+        MapEntry((self.0 & !(31u64 << 40)) | (u64::from(index) << 40))
+    }
+
     pub fn is_mapped(self) -> bool {
         self.0 != 0
     }

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! byte  0  magic             [8]  "SQUEEZE\0"
-//!       8  version           u32  FORMAT_VERSION
+//!       8  version           u32  1 or 2 (see `version`)
 //!      12  flags             u32  bit 0: clean (closed with a final checkpoint)
 //!      16  uuid              [16]
 //!      32  generation        u64  bumped on every superblock write
@@ -24,8 +24,9 @@
 //!      80  max_blob          u32  bytes
 //!      84  recompress level  i32
 //!      88  created           u64  unix seconds
-//!      96  ckpt_len          u64  checkpoint stream bytes
-//!     104  ckpt_crc          u32  CRC-32C of the checkpoint stream
+//!      96  ckpt_len          u64  checkpoint bytes (v2: the chain; v1: the stream)
+//!     104  ckpt_crc          u32  v2: CRC-32C of the chain's last piece;
+//!                                 v1: CRC-32C of the whole stream
 //!     108  ckpt_segments     u32  number of segment ids that follow
 //!     112  segment ids       u32 x ckpt_segments (at most MAX_CKPT_SEGMENTS)
 //!    4092  crc               u32  CRC-32C of bytes 0..4092
@@ -39,8 +40,12 @@ use crate::le::{get_i32, get_u32, get_u64, put_i32, put_u32, put_u64};
 use crate::{checksum, CodecId, FormatError};
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"SQUEEZE\0";
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes. It also reads version 1, whose
+/// only difference is the checkpoint (one dense stream instead of a chain
+/// of pieces); the first checkpoint written on such a volume upgrades it.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this build opens.
+pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// Most segments one checkpoint may span.
 pub const MAX_CKPT_SEGMENTS: usize = (SUPERBLOCK_SIZE - 4 - 112) / 4;
 
@@ -150,6 +155,9 @@ pub struct CheckpointRef {
 /// A decoded superblock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
+    /// The format the checkpoint it names is in (`FORMAT_VERSION` for
+    /// everything this build writes; 1 for a volume not yet upgraded).
+    pub version: u32,
     pub uuid: [u8; 16],
     pub generation: u64,
     pub logical_size: u64,
@@ -198,6 +206,9 @@ impl Superblock {
         if self.max_physical > MAX_BACKING_BYTES {
             return bad(format!("max physical {} too large", self.max_physical));
         }
+        if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&self.version) {
+            return bad(format!("version {}", self.version));
+        }
         if self.checkpoint.segments.len() > MAX_CKPT_SEGMENTS {
             return bad("too many checkpoint segments".into());
         }
@@ -209,7 +220,7 @@ impl Superblock {
         self.validate().expect("encoding an invalid superblock");
         let mut b = vec![0u8; SUPERBLOCK_SIZE];
         b[0..8].copy_from_slice(&SUPERBLOCK_MAGIC);
-        put_u32(&mut b, 8, FORMAT_VERSION);
+        put_u32(&mut b, 8, self.version);
         put_u32(&mut b, 12, u32::from(self.clean));
         b[16..32].copy_from_slice(&self.uuid);
         put_u64(&mut b, 32, self.generation);
@@ -260,7 +271,7 @@ impl Superblock {
             });
         }
         let version = get_u32(b, 8);
-        if version != FORMAT_VERSION {
+        if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(FormatError::UnsupportedVersion {
                 found: version,
                 supported: FORMAT_VERSION,
@@ -287,6 +298,7 @@ impl Superblock {
             });
         }
         let sb = Superblock {
+            version,
             uuid: b[16..32].try_into().expect("16 bytes"),
             generation: get_u64(b, 32),
             logical_size: get_u64(b, 40),
@@ -321,6 +333,7 @@ mod tests {
 
     pub(crate) fn sample() -> Superblock {
         Superblock {
+            version: FORMAT_VERSION,
             uuid: [3; 16],
             generation: 5,
             logical_size: 64 << 30,
@@ -350,6 +363,12 @@ mod tests {
     fn round_trip() {
         let sb = sample();
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+        // A version 1 superblock stays version 1 until its volume upgrades.
+        let v1 = Superblock {
+            version: 1,
+            ..sample()
+        };
+        assert_eq!(Superblock::decode(&v1.encode()).unwrap().version, 1);
     }
 
     #[test]
@@ -367,13 +386,18 @@ mod tests {
             Err(FormatError::ChecksumMismatch { .. })
         ));
         let mut b = sample().encode();
-        put_u32(&mut b, 8, 99);
-        let crc = checksum::crc32c(&b[..SUPERBLOCK_SIZE - 4]);
-        put_u32(&mut b, SUPERBLOCK_SIZE - 4, crc);
-        assert!(matches!(
-            Superblock::decode(&b),
-            Err(FormatError::UnsupportedVersion { found: 99, .. })
-        ));
+        for v in [0, 3, 99] {
+            put_u32(&mut b, 8, v);
+            let crc = checksum::crc32c(&b[..SUPERBLOCK_SIZE - 4]);
+            put_u32(&mut b, SUPERBLOCK_SIZE - 4, crc);
+            assert!(
+                matches!(
+                    Superblock::decode(&b),
+                    Err(FormatError::UnsupportedVersion { found, .. }) if found == v
+                ),
+                "version {v}"
+            );
+        }
     }
 
     #[test]

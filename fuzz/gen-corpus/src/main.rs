@@ -10,9 +10,10 @@ use std::path::{Path, PathBuf};
 use squeeze_codec::testdata::{fio_like, random, text};
 use squeeze_codec::{new_compressor, Algorithm, CodecId};
 use squeeze_format::checksum::crc32c;
+use squeeze_format::checkpoint_v1::{CheckpointHeader, CheckpointWriter};
 use squeeze_format::{
-    CheckpointHeader, CheckpointRef, CheckpointWriter, CompressionMode, MapEntry, Policy,
-    RecordHeader, RecordKind, Superblock, CHUNK_ENTRIES, RECORD_HEADER_SIZE,
+    CheckpointRef, CompressionMode, MapEntry, MapRun, PieceHeader, PieceKind, PieceWriter, Policy,
+    RecordHeader, RecordKind, Superblock, CHUNK_ENTRIES, FORMAT_VERSION, RECORD_HEADER_SIZE,
 };
 use squeeze_nbd::proto::*;
 
@@ -39,6 +40,7 @@ const UUID: [u8; 16] = [0x5a; 16];
 
 fn superblock(clean: bool, segments: Vec<u32>) -> Superblock {
     Superblock {
+        version: FORMAT_VERSION,
         uuid: UUID,
         generation: 7,
         logical_size: 1 << 30,
@@ -109,7 +111,38 @@ fn checkpoint(uuid: [u8; 16], chunks: &[u64]) -> Vec<u8> {
     w.finish()
 }
 
+/// A format 2 chain: a base and a delta.
+fn chain(uuid: [u8; 16]) -> Vec<u8> {
+    let header = |kind, generation| PieceHeader {
+        kind,
+        uuid,
+        generation,
+        next_seq: 1000,
+        head_offset: (1 << 20) + 4096,
+    };
+    let run = |lba, sectors, offset| MapRun {
+        lba,
+        sectors,
+        first: if offset == 0 {
+            MapEntry::UNMAPPED
+        } else {
+            MapEntry::new(offset, 0, 32, 32 * 4096 + 64)
+        },
+    };
+    let mut w = PieceWriter::new(&header(PieceKind::Base, 7), &[1, 2, 3, 4], 3);
+    w.push(run(0, 32, 1 << 20));
+    w.push(run(32, 16, 2 << 20));
+    w.push(run(600, 32, 3 << 20));
+    let mut b = w.finish();
+    let mut w = PieceWriter::new(&header(PieceKind::Delta, 8), &[5, 6, 7, 8], 2);
+    w.push(run(10, 3, 0));
+    w.push(run(600, 32, 4 << 20));
+    b.extend(w.finish());
+    b
+}
+
 fn format_decoders(dir: &Path) {
+    put(dir, "chain", &with_mode(4, &chain(UUID)));
     put(
         dir,
         "superblock",

@@ -26,8 +26,10 @@ use crate::map::SectorMap;
 use crate::space::{SegState, SegmentId, SegmentTable, Usage};
 use crate::state::{head_segment_of, max_segments, segment_of, Inner, LogState, MapState};
 use crate::storage::Storage;
+use squeeze_format::checkpoint::{pieces, MapRun};
+use squeeze_format::checkpoint_v1::CheckpointReader;
 use squeeze_format::{
-    checksum, record::verify_payload, CheckpointReader, FormatError, RecordHeader, RecordKind,
+    checksum, record::verify_payload, FormatError, MapEntry, PieceKind, RecordHeader, RecordKind,
     RecordScan, Stride, Superblock, DATA_START, RECORD_HEADER_SIZE,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -40,6 +42,26 @@ pub struct Recovered {
     pub replayed: u64,
     /// Opened seq of the segment holding the checkpoint's replay position.
     pub checkpoint_head_seq: u64,
+    /// The shape of the checkpoint chain read.
+    pub chain: ChainShape,
+}
+
+/// Bytes of a chain's base and deltas; format 1's single stream counts as
+/// a base that cannot take deltas.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChainShape {
+    pub base_bytes: u64,
+    pub delta_bytes: u64,
+    pub deltas: u64,
+    pub takes_deltas: bool,
+}
+
+/// What a checkpoint holds besides the map.
+struct CheckpointPosition {
+    generation: u64,
+    next_seq: u64,
+    head_offset: u64,
+    counters: Vec<u64>,
 }
 
 /// Reads and checks the checkpoint the superblock names.
@@ -61,15 +83,138 @@ pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<Vec<u8>
         let to = (from + seg as usize).min(stream.len());
         storage.read_at(&mut stream[from..to], sb.segment_offset(*s))?;
     }
-    let got = checksum::crc32c(&stream);
-    if got != sb.checkpoint.crc {
-        return Err(EngineError::Metadata(FormatError::ChecksumMismatch {
-            what: "checkpoint",
-            expected: sb.checkpoint.crc,
-            got,
-        }));
+    if sb.version == 1 {
+        let got = checksum::crc32c(&stream);
+        if got != sb.checkpoint.crc {
+            return Err(EngineError::Metadata(FormatError::ChecksumMismatch {
+                what: "checkpoint",
+                expected: sb.checkpoint.crc,
+                got,
+            }));
+        }
     }
     Ok(stream)
+}
+
+/// Loads the map from a format 2 chain: the base, then each delta in order;
+/// every piece is checked by its own CRC, the last one also against the
+/// superblock.
+fn load_chain(
+    stream: &[u8],
+    sb: &Superblock,
+    map: &mut SectorMap,
+) -> Result<(CheckpointPosition, ChainShape)> {
+    let max_segs = max_segments(sb);
+    let seg_size = u64::from(sb.segment_size);
+    let mut shape = ChainShape {
+        takes_deltas: true,
+        ..ChainShape::default()
+    };
+    let mut last = None;
+    for piece in pieces(stream, &sb.uuid) {
+        let piece = piece.map_err(EngineError::Metadata)?;
+        for run in piece.runs() {
+            let run = run.map_err(EngineError::Metadata)?;
+            check_run(&run, sb.sectors(), seg_size, max_segs)?;
+            match piece.header.kind {
+                PieceKind::Base => map.load_run(run),
+                PieceKind::Delta => map.apply_run(run),
+            }
+        }
+        // Loading is not a change: the next checkpoint holds only what
+        // replay and clients change.
+        map.take_dirty();
+        match piece.header.kind {
+            PieceKind::Base => shape.base_bytes = piece.len,
+            PieceKind::Delta => {
+                shape.delta_bytes += piece.len;
+                shape.deltas += 1;
+            }
+        }
+        last = Some((
+            piece.crc,
+            CheckpointPosition {
+                generation: piece.header.generation,
+                next_seq: piece.header.next_seq,
+                head_offset: piece.header.head_offset,
+                counters: piece.counters,
+            },
+        ));
+    }
+    let Some((crc, position)) = last else {
+        return Err(bad_checkpoint("the chain holds no piece".into()));
+    };
+    if crc != sb.checkpoint.crc {
+        return Err(EngineError::Metadata(FormatError::ChecksumMismatch {
+            what: "checkpoint chain's last piece",
+            expected: sb.checkpoint.crc,
+            got: crc,
+        }));
+    }
+    Ok((position, shape))
+}
+
+/// Loads the map from a format 1 stream (dense chunks).
+fn load_v1(stream: &[u8], sb: &Superblock, map: &mut SectorMap) -> Result<CheckpointPosition> {
+    let max_segs = max_segments(sb);
+    let seg_size = u64::from(sb.segment_size);
+    let ck = CheckpointReader::decode(stream, &sb.uuid).map_err(EngineError::Metadata)?;
+    for chunk in ck.chunks() {
+        let (index, entries) = chunk.map_err(EngineError::Metadata)?;
+        for e in entries.iter().filter(|e| e.is_mapped()) {
+            check_entry(*e, seg_size, max_segs)?;
+        }
+        if (index + 1) * squeeze_format::CHUNK_ENTRIES as u64
+            > sb.sectors() + squeeze_format::CHUNK_ENTRIES as u64
+        {
+            return Err(bad_checkpoint(format!(
+                "map chunk {index} beyond the volume"
+            )));
+        }
+        map.load_chunk(index, entries);
+    }
+    Ok(CheckpointPosition {
+        generation: ck.header.generation,
+        next_seq: ck.header.next_seq,
+        head_offset: ck.header.head_offset,
+        counters: ck.counters,
+    })
+}
+
+fn bad_checkpoint(why: String) -> EngineError {
+    EngineError::Metadata(FormatError::Invalid {
+        what: "checkpoint",
+        why,
+    })
+}
+
+/// A map entry points into the segments of the volume.
+fn check_entry(e: MapEntry, seg_size: u64, max_segs: u32) -> Result<()> {
+    if e.record_offset() < DATA_START
+        || segment_of(e.record_offset(), seg_size) >= max_segs
+        || e.record_len() == 0
+    {
+        return Err(bad_checkpoint(format!(
+            "map entry {:#x} out of bounds",
+            e.0
+        )));
+    }
+    Ok(())
+}
+
+/// A run lies inside the volume and points into its segments.
+fn check_run(r: &MapRun, sectors: u64, seg_size: u64, max_segs: u32) -> Result<()> {
+    if r.end() > sectors {
+        return Err(bad_checkpoint(format!(
+            "run {}..{} beyond the volume's {sectors} sectors",
+            r.lba,
+            r.end()
+        )));
+    }
+    if r.first.is_mapped() {
+        check_entry(r.first, seg_size, max_segs)?;
+    }
+    Ok(())
 }
 
 /// Rebuilds the state from `sb`'s checkpoint and the log after it; `older`
@@ -78,46 +223,33 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
     let seg_size = u64::from(sb.segment_size);
     let max_segs = max_segments(sb);
     let stream = read_checkpoint(storage, sb)?;
-    let ck = CheckpointReader::decode(&stream, &sb.uuid).map_err(EngineError::Metadata)?;
-    if ck.header.generation > sb.generation {
-        return Err(EngineError::Metadata(FormatError::Invalid {
-            what: "checkpoint",
-            why: format!(
-                "generation {} is newer than the superblock's {}",
-                ck.header.generation, sb.generation
-            ),
-        }));
-    }
-    let bad_entry = |why: String| {
-        EngineError::Metadata(FormatError::Invalid {
-            what: "checkpoint",
-            why,
-        })
-    };
     let mut state = MapState {
         map: SectorMap::new(),
         usage: Usage::default(),
     };
-    for chunk in ck.chunks() {
-        let (index, entries) = chunk.map_err(EngineError::Metadata)?;
-        for e in entries.iter().filter(|e| e.is_mapped()) {
-            if e.record_offset() < DATA_START
-                || segment_of(e.record_offset(), seg_size) >= max_segs
-                || e.record_len() == 0
-            {
-                return Err(bad_entry(format!("map entry {:#x} out of bounds", e.0)));
-            }
-        }
-        if (index + 1) * squeeze_format::CHUNK_ENTRIES as u64
-            > sb.sectors() + squeeze_format::CHUNK_ENTRIES as u64
-        {
-            return Err(bad_entry(format!("map chunk {index} beyond the volume")));
-        }
-        state.map.load_chunk(index, entries);
+    let (ck, chain) = if sb.version == 1 {
+        let ck = load_v1(&stream, sb, &mut state.map)?;
+        let shape = ChainShape {
+            base_bytes: stream.len() as u64,
+            ..ChainShape::default()
+        };
+        (ck, shape)
+    } else {
+        load_chain(&stream, sb, &mut state.map)?
+    };
+    drop(stream);
+    if ck.generation > sb.generation {
+        return Err(bad_checkpoint(format!(
+            "generation {} is newer than the superblock's {}",
+            ck.generation, sb.generation
+        )));
     }
-    for (_, e) in state.map.iter_mapped() {
-        state.usage.add(segment_of(e.record_offset(), seg_size), e);
-    }
+    state.map.for_each_run(|r| {
+        let seg = segment_of(r.first.record_offset(), seg_size);
+        for i in 0..r.sectors {
+            state.usage.add(seg, r.entry(i));
+        }
+    });
     let mut counters = ck.counters.clone();
     counters.resize(crate::counters::COUNTERS, 0);
 
@@ -138,12 +270,12 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
     }
 
     // Replay.
-    let head0 = ck.header.head_offset;
+    let head0 = ck.head_offset;
     if head0 < DATA_START || segment_of(head0, seg_size) >= max_segs {
-        return Err(bad_entry(format!("head offset {head0} out of bounds")));
+        return Err(bad_checkpoint(format!("head offset {head0} out of bounds")));
     }
     let mut pos = head0;
-    let mut expected = ck.header.next_seq;
+    let mut expected = ck.next_seq;
     let mut visited: BTreeSet<SegmentId> = BTreeSet::new();
     // Records never cross a segment end, so `pos` stays inside (or at the
     // end of) the segment being replayed, `head_segment`: a head on a
@@ -218,7 +350,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
     table.set(head_segment, log_state(head_segment));
     for &s in sb.checkpoint.segments.iter().chain(older) {
         if s == head_segment {
-            return Err(bad_entry(format!(
+            return Err(bad_checkpoint(format!(
                 "the log head ({pos}) is in checkpoint segment {s}"
             )));
         }
@@ -245,6 +377,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
         counters,
         replayed,
         checkpoint_head_seq,
+        chain,
     })
 }
 

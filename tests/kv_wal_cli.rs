@@ -1,0 +1,110 @@
+//! `squeeze kv` and `squeeze wal` end to end through the real binary: a
+//! store and a log created on volumes, used, reopened by later commands;
+//! a store refused on a log's volume and the reverse; the benches' JSON.
+
+use std::path::Path;
+use std::process::Command;
+
+fn sq(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_squeeze"))
+        .args(args)
+        .output()
+        .expect("run squeeze");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ok(args: &[&str]) -> String {
+    let (ok, out, err) = sq(args);
+    assert!(ok, "squeeze {args:?}: {err}");
+    out
+}
+
+fn volume(dir: &Path, name: &str) -> String {
+    let p = dir.join(name).to_str().unwrap().to_string();
+    ok(&["create", "--size", "1G", &p]);
+    p
+}
+
+#[test]
+fn kv_commands_store_and_refuse() {
+    let d = tempfile::tempdir().unwrap();
+    let v = volume(d.path(), "kv.sqz");
+    ok(&["kv", "create", &v, "--buckets", "5000", "--seed", "3"]);
+    ok(&["kv", "put", &v, "alpha", "one"]);
+    ok(&["kv", "put", &v, "beta", "two"]);
+    assert_eq!(ok(&["kv", "get", &v, "alpha"]), "one\n");
+    ok(&["kv", "put", &v, "alpha", "uno"]);
+    assert_eq!(ok(&["kv", "get", &v, "alpha"]), "uno\n");
+    ok(&["kv", "delete", &v, "beta"]);
+    let (found, _, err) = sq(&["kv", "get", &v, "beta"]);
+    assert!(!found && err.contains("no key"), "{err}");
+    let out = ok(&["kv", "load", &v, "--keys", "2000", "--value-size", "100"]);
+    assert!(out.contains("loaded 2000 keys"), "{out}");
+    // Bad input: a second create, a log on the store's volume, a key over
+    // the limit.
+    let (created, _, err) = sq(&["kv", "create", &v]);
+    assert!(!created && err.contains("not empty"), "{err}");
+    let (created, _, err) = sq(&["wal", "create", &v, "--layout", "sparse"]);
+    assert!(!created && err.contains("not empty"), "{err}");
+    let long = "k".repeat(2000);
+    let (put, _, err) = sq(&["kv", "put", &v, &long, "v"]);
+    assert!(!put && err.contains("over the limit"), "{err}");
+    assert_eq!(ok(&["kv", "get", &v, "alpha"]), "uno\n");
+}
+
+#[test]
+fn wal_commands_append_dump_truncate() {
+    let d = tempfile::tempdir().unwrap();
+    let v = volume(d.path(), "wal.sqz");
+    let (bad, _, err) = sq(&["wal", "create", &v, "--layout", "diagonal"]);
+    assert!(!bad && err.contains("unknown layout"), "{err}");
+    ok(&["wal", "create", &v, "--layout", "sparse"]);
+    let out = ok(&["wal", "append", &v, "first", "second", "third"]);
+    assert_eq!(out, "seq 0 at 0\nseq 1 at 4096\nseq 2 at 8192\n");
+    let out = ok(&["wal", "dump", &v]);
+    assert_eq!(out.lines().count(), 3);
+    assert!(out.contains("second"));
+    ok(&["wal", "truncate", &v, "--seq", "2"]);
+    let out = ok(&["wal", "dump", &v]);
+    assert_eq!(out.lines().count(), 1);
+    assert!(out.contains("third"));
+    let (t, _, err) = sq(&["wal", "truncate", &v, "--seq", "0"]);
+    assert!(!t && err.contains("no record 0"), "{err}");
+    let (opened, _, err) = sq(&["kv", "get", &v, "x"]);
+    assert!(!opened && err.contains("not a squeeze-kv store"), "{err}");
+}
+
+#[test]
+fn benches_report_json() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().to_str().unwrap();
+    let out = ok(&[
+        "wal",
+        "bench",
+        "--dir",
+        dir,
+        "--sizes",
+        "128",
+        "--threads",
+        "1,2",
+        "--commits",
+        "40",
+        "--json",
+    ]);
+    let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for r in rows {
+        assert!(r["backing_bytes_per_commit"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let out = ok(&[
+        "kv", "bench", "--dir", dir, "--keys", "3000", "--ops", "3000", "--json",
+    ]);
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(r["ops_per_second"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["peak_rss_bytes"].as_u64().unwrap() > 0, "{r}");
+}
