@@ -245,10 +245,10 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
         )));
     }
     state.map.for_each_run(|r| {
+        // A run is consecutive sectors of one extent: one record, one
+        // segment.
         let seg = segment_of(r.first.record_offset(), seg_size);
-        for i in 0..r.sectors {
-            state.usage.add(seg, r.entry(i));
-        }
+        state.usage.add_run(seg, r.first, r.sectors);
     });
     let mut counters = ck.counters.clone();
     counters.resize(crate::counters::COUNTERS, 0);

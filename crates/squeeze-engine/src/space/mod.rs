@@ -137,6 +137,23 @@ impl Usage {
         self.live_bytes += e.stored_share();
     }
 
+    /// Adds `n` sectors of one extent from `first` (a run of the map, as
+    /// recovery rebuilds usage): what `n` calls of `add` would add.
+    pub fn add_run(&mut self, s: SegmentId, first: MapEntry, n: u32) {
+        if self.segs.len() <= s as usize {
+            self.segs.resize(s as usize + 1, SegUsage::default());
+        }
+        // Sector i of an extent of k sectors and len bytes holds len / k
+        // bytes, plus one for i < len % k (`MapEntry::stored_share`).
+        let (len, k) = (first.record_len(), u64::from(first.sectors()));
+        let (a, n) = (u64::from(first.index()), u64::from(n));
+        let bytes = n * (len / k) + (a + n).min(len % k).saturating_sub(a);
+        let u = &mut self.segs[s as usize];
+        u.live_bytes += bytes;
+        u.live_sectors += n;
+        self.live_bytes += bytes;
+    }
+
     pub fn remove(&mut self, s: SegmentId, e: MapEntry) {
         let u = &mut self.segs[s as usize];
         assert!(u.live_sectors > 0 && u.live_bytes >= e.stored_share());
@@ -200,5 +217,26 @@ mod tests {
         t.set(0, SegState::Free);
         assert_eq!(t.pick_free(), Some(0));
         assert_eq!(t.available(), 1);
+    }
+
+    #[test]
+    fn add_run_adds_what_each_sector_would() {
+        for k in 1..=32u32 {
+            for len in [16u64, 1072, 4160, 4176, 65_600, 131_136] {
+                for a in 0..k {
+                    for n in 1..=k - a {
+                        let first = MapEntry::new(1 << 20, a, k, len);
+                        let mut one = Usage::default();
+                        for i in 0..n {
+                            one.add(3, first.with_index(a + i));
+                        }
+                        let mut run = Usage::default();
+                        run.add_run(3, first, n);
+                        assert_eq!(run.get(3), one.get(3), "k {k} len {len} a {a} n {n}");
+                        assert_eq!(run.live_bytes, one.live_bytes);
+                    }
+                }
+            }
+        }
     }
 }
