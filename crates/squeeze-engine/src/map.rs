@@ -500,8 +500,9 @@ impl SectorMap {
         }
     }
 
-    /// Adds a run read from a checkpoint base; runs come in LBA order into a
-    /// map that holds nothing at or after them.
+    /// Adds a run read from a checkpoint base (loading: not recorded as a
+    /// change); runs come in LBA order into a map that holds nothing at or
+    /// after them.
     pub fn load_run(&mut self, r: MapRun) {
         let mut lba = r.lba;
         while lba < r.end() {

@@ -159,6 +159,28 @@ impl PieceWriter {
     }
 }
 
+/// The magic and version every checkpoint header (either format) starts
+/// with; `b` holds at least the header.
+pub(crate) fn check_magic_and_version(b: &[u8], version: u32) -> Result<(), FormatError> {
+    if b[0..8] != CHECKPOINT_MAGIC {
+        return Err(FormatError::BadMagic { what: "checkpoint" });
+    }
+    let found = get_u32(b, 8);
+    if found != version {
+        return Err(FormatError::UnsupportedVersion {
+            found,
+            supported: version,
+        });
+    }
+    Ok(())
+}
+
+/// The CRC a finished piece carries in its header (what a superblock
+/// naming it as a chain's last piece holds).
+pub fn stored_crc(piece: &[u8]) -> u32 {
+    get_u32(piece, 68)
+}
+
 /// CRC-32C of a piece as the header stores it (its crc field read as zero).
 fn piece_crc(b: &[u8]) -> u32 {
     let crc = checksum::crc32c(&b[..68]);
@@ -192,16 +214,7 @@ impl<'a> Piece<'a> {
                 have: b.len(),
             });
         }
-        if b[0..8] != CHECKPOINT_MAGIC {
-            return Err(FormatError::BadMagic { what: "checkpoint" });
-        }
-        let version = get_u32(b, 8);
-        if version != VERSION {
-            return Err(FormatError::UnsupportedVersion {
-                found: version,
-                supported: VERSION,
-            });
-        }
+        check_magic_and_version(b, VERSION)?;
         let len = get_u64(b, 72);
         if len < PIECE_ALIGN || !len.is_multiple_of(PIECE_ALIGN) {
             return Err(invalid(format!("length {len}")));

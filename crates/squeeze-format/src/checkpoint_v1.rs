@@ -108,16 +108,7 @@ impl<'a> CheckpointReader<'a> {
         if b.len() < CHECKPOINT_HEADER_SIZE {
             return Err(trunc(CHECKPOINT_HEADER_SIZE));
         }
-        if b[0..8] != CHECKPOINT_MAGIC {
-            return Err(FormatError::BadMagic { what: "checkpoint" });
-        }
-        let version = get_u32(b, 8);
-        if version != VERSION {
-            return Err(FormatError::UnsupportedVersion {
-                found: version,
-                supported: VERSION,
-            });
-        }
+        crate::checkpoint::check_magic_and_version(b, VERSION)?;
         if &b[16..32] != uuid {
             return Err(FormatError::WrongVolume { what: "checkpoint" });
         }

@@ -163,9 +163,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
     // 2. Everything before the head is durable.
     inner.storage.sync().map_err(|e| fail(e.into()))?;
     // 3. The piece.
-    let crc = squeeze_format::checkpoint::Piece::decode(&piece, &inner.uuid)
-        .map(|p| p.crc)
-        .map_err(|e| inner.internal(format!("checkpoint piece does not decode: {e}")))?;
+    let crc = squeeze_format::checkpoint::stored_crc(&piece);
     let new_ref = if base {
         if piece.len() as u64
             > inner.seg_size * squeeze_format::superblock::MAX_CKPT_SEGMENTS as u64

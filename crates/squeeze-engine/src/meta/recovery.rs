@@ -121,9 +121,6 @@ fn load_chain(
                 PieceKind::Delta => map.apply_run(run),
             }
         }
-        // Loading is not a change: the next checkpoint holds only what
-        // replay and clients change.
-        map.take_dirty();
         match piece.header.kind {
             PieceKind::Base => shape.base_bytes = piece.len,
             PieceKind::Delta => {
