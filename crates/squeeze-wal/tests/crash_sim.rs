@@ -288,7 +288,10 @@ fn run(layout: Layout) {
         seen.multi_record_groups
     );
     if seeds.len() >= 50 {
-        assert!(seen.crashes > 0 && seen.full > 0 && seen.laps > 0 && seen.multi_record_groups > 0);
+        // A full ring is reached here only by timing (8-9 of ~1,600 crashes
+        // on a quiet machine, none once under CI load), so it is not a
+        // coverage condition; tests/bad_input.rs fills the ring on purpose.
+        assert!(seen.crashes > 0 && seen.laps > 0 && seen.multi_record_groups > 0);
     }
 }
 
