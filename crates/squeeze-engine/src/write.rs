@@ -7,7 +7,7 @@ use crate::counters::Counter;
 use crate::error::Result;
 use crate::pipeline::compress::{encode, Item};
 use crate::pipeline::policy::Hint;
-use crate::pipeline::split::{split, Zeros};
+use crate::pipeline::split::{split, Piece, Zeros};
 use crate::space::cleaner::append_making_room;
 use crate::state::Inner;
 use squeeze_format::SECTOR_SIZE;
@@ -77,11 +77,11 @@ impl Inner {
             BATCH_BYTES_MAX / policy.policy.max_blob as usize * policy.policy.max_blob as usize;
         for (k, chunk) in data.chunks(batch).enumerate() {
             let at = lba + (k * batch / SECTOR_SIZE) as u64;
-            let pieces = split(chunk, at, max_blob, zeros);
+            let pieces = atomic_split(chunk, at, max_blob, zeros);
             let zero_sectors: u64 = pieces
                 .iter()
                 .map(|p| match p {
-                    crate::pipeline::split::Piece::Zero { sectors, .. } => *sectors,
+                    Piece::Zero { sectors, .. } => *sectors,
                     _ => 0,
                 })
                 .sum();
@@ -181,5 +181,58 @@ impl Inner {
             crate::space::ahead::release_after_flush(self);
         }
         Ok(())
+    }
+}
+
+/// [`split`], except that a chunk of at most `max_blob` sectors holding both
+/// all-zero and non-zero sectors stays one blob, zeros included: one write
+/// of up to max_blob sectors is then one record, atomic across a crash
+/// whatever its content (docs/RELIABILITY.md, "Atomic writes"). A database
+/// page with an all-zero 4 KiB half (PostgreSQL's 8 KiB WAL and heap pages
+/// often have one) must not tear into a zero record and an extent. The zero
+/// sectors stay mapped and cost their compressed size (a few bytes with any
+/// codec; 4 KiB each when the blob is stored raw).
+fn atomic_split(chunk: &[u8], lba: u64, max_blob: u32, zeros: Zeros) -> Vec<Piece> {
+    let pieces = split(chunk, lba, max_blob, zeros);
+    let mixed = pieces.len() > 1 && pieces.iter().any(|p| matches!(p, Piece::Data { .. }));
+    if mixed && chunk.len() / SECTOR_SIZE <= max_blob as usize {
+        split(chunk, lba, max_blob, Zeros::Store)
+    } else {
+        pieces
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sectors(pattern: &[u8]) -> Vec<u8> {
+        pattern
+            .iter()
+            .flat_map(|&b| std::iter::repeat_n(b, SECTOR_SIZE))
+            .collect()
+    }
+
+    #[test]
+    fn a_mixed_write_of_at_most_max_blob_sectors_is_one_blob() {
+        let buf = sectors(&[0, 1, 0, 1]);
+        assert_eq!(
+            atomic_split(&buf, 8, 4, Zeros::Hole),
+            vec![Piece::Data {
+                lba: 8,
+                sectors: 4,
+                start: 0
+            }]
+        );
+        // More sectors than one blob: zeros stay holes (several records
+        // either way).
+        let p = atomic_split(&buf, 8, 3, Zeros::Hole);
+        assert_eq!(p.len(), 4, "{p:?}");
+        // All-zero and all-data writes are unchanged.
+        let z = sectors(&[0, 0]);
+        assert_eq!(
+            atomic_split(&z, 0, 4, Zeros::Hole),
+            vec![Piece::Zero { lba: 0, sectors: 2 }]
+        );
     }
 }
