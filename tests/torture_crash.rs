@@ -42,13 +42,18 @@ fn torture(o: &Options) {
         o.seed,
         o.cycles
     );
+    let t = torture_totals(o);
+    assert!(t.trims > 0 && t.write_zeroes > 0 && t.unaligned_writes > 0);
+}
+
+fn torture_totals(o: &Options) -> squeeze_torture::Totals {
     match run(o, &mut |l| eprintln!("{l}")) {
         Ok(t) => {
             eprintln!("torture: seed {} passed: {t}", o.seed);
             assert_eq!(t.cycles, o.cycles);
             assert!(t.kills >= o.cycles);
             assert!(t.writes > 0 && t.flushes > 0 && t.fua_writes > 0);
-            assert!(t.trims > 0 && t.write_zeroes > 0 && t.unaligned_writes > 0);
+            t
         }
         Err(f) => panic!("{f}"),
     }
@@ -69,4 +74,26 @@ fn sigkill_serve_with_check_and_compact_between_cycles() {
     let mut o = options(20, 0x636f_6d70);
     o.compact = true;
     torture(&o);
+}
+
+/// The server's engine says it is saturated (`serve
+/// --simulate-saturated-engine`): client writes go below the target codec
+/// and most cycles end in an idle phase, where the maintenance thread
+/// upgrades them, and the SIGKILL lands during or after those upgrades.
+#[test]
+fn sigkill_serve_during_idle_upgrades() {
+    let mut o = options(16, 0x7570_6772);
+    o.saturated_engine = true;
+    o.idle_percent = 75;
+    let t = torture_totals(&o);
+    assert!(
+        t.below_target_bytes > 0,
+        "no write went below the target: {t}"
+    );
+    // Idle phases last 1.2-2.5 s and the server starts idle work after 1 s;
+    // twelve of them or so give an upgrade pass time even on a loaded CI.
+    assert!(
+        t.upgraded_bytes > 0,
+        "no idle upgrade ran before a kill: {t}"
+    );
 }

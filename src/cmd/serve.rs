@@ -74,6 +74,13 @@ pub struct Args {
     /// when clients are idle (docs/ARCHITECTURE.md, "Adaptive write codec").
     #[arg(long)]
     pub no_adapt: bool,
+    /// Drill, not for production: the compression engine reports itself
+    /// always far behind (`squeeze_codec::Saturated`), so every write batch
+    /// takes the fastest rung of the adaptive codec's ladder and idle time
+    /// has upgrades to run. The SIGKILL torture uses it
+    /// (`squeeze-torture --saturated-engine`).
+    #[arg(long, hide = true, conflicts_with = "no_adapt")]
+    pub simulate_saturated_engine: bool,
     /// Server certificate chain (PEM, leaf first) for TLS (NBD_OPT_STARTTLS).
     /// With --tls-key; TLS is then required unless --tls-mode allow.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -210,6 +217,15 @@ fn export_name(path: &Path) -> String {
         .map_or_else(|| "volume".into(), |s| s.to_string_lossy().into_owned())
 }
 
+/// The default engine, reporting itself saturated (the drill behind
+/// `--simulate-saturated-engine`).
+fn saturated_engine() -> Arc<dyn squeeze_codec::CompressEngine> {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    Arc::new(squeeze_codec::Saturated(
+        squeeze_codec::isal::default_engine(cores),
+    ))
+}
+
 fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
     let serving = || {
         open_volume_with(
@@ -218,6 +234,7 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
                 background: true,
                 no_idle_merge: a.no_idle_merge,
                 no_adapt: a.no_adapt,
+                engine: a.simulate_saturated_engine.then(saturated_engine),
                 ..Default::default()
             },
         )

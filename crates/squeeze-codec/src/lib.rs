@@ -13,6 +13,8 @@
 //! - [`CompressEngine`] / [`CpuPool`]: batch compression off the caller's
 //!   thread, with per-job CPU time; [`isal`]: the same pool with ISA-L's
 //!   igzip behind deflate:1..=3 (Debian's libisal, when present).
+//! - [`Saturated`]: any engine reporting itself far behind (a drill for the
+//!   adaptive codec and the idle upgrade).
 //! - [`testdata`]: fio-like synthetic data for tests and `squeeze bench`.
 //!
 //! Invariant for the whole crate: bytes from disk never panic it — every
@@ -27,6 +29,7 @@ pub mod error;
 pub mod heuristic;
 pub mod isal;
 pub mod pool;
+pub mod saturated;
 pub mod testdata;
 
 pub use algorithm::Algorithm;
@@ -38,4 +41,5 @@ pub use engine::{CompressEngine, Job, JobOutput, JobResult};
 pub use error::CodecError;
 pub use heuristic::looks_incompressible;
 pub use pool::{CompressorFactory, CpuPool};
+pub use saturated::Saturated;
 pub use squeeze_format::CodecId;

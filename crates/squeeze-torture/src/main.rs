@@ -27,6 +27,9 @@ const USAGE: &str = "usage: squeeze-torture [options]
                      cleans at full speed when killed (default 10)
   --max-conns N      connections per cycle: 1..=N (default 3)
   --max-inflight N   requests in flight per connection: 1..=N (default 16)
+  --saturated-engine serve with --simulate-saturated-engine: every write is
+                     compressed below the target codec, so idle cycles
+                     upgrade (use with a higher --idle-percent)
   --workdir DIR      where the temp work dir goes (default: system temp)
   --keep             keep the work dir on success (always kept on failure)
   -q, --quiet        no per-cycle lines";
@@ -59,6 +62,7 @@ fn parse_args() -> Result<Options, String> {
             "--cycles" => o.cycles = num(val("--cycles")?)?,
             "--seed" => o.seed = num(val("--seed")?)?,
             "--compact" => o.compact = true,
+            "--saturated-engine" => o.saturated_engine = true,
             "--bin" => o.bin = PathBuf::from(val("--bin")?),
             "--size" => o.size = num(val("--size")?)?,
             "--segment-size" => o.segment_size = val("--segment-size")?,

@@ -31,13 +31,21 @@ pub fn tail(log: &Path, n: usize) -> String {
 }
 
 impl Server {
-    /// Starts `BIN serve --socket SOCKET VOLUME` and waits until the socket
-    /// accepts connections (the volume is opened, and recovered, first).
-    pub fn start(bin: &Path, volume: &Path, socket: &Path, log: &Path) -> Result<Server, String> {
+    /// Starts `BIN serve [ARGS] --socket SOCKET VOLUME` and waits until the
+    /// socket accepts connections (the volume is opened, and recovered,
+    /// first).
+    pub fn start(
+        bin: &Path,
+        args: &[&str],
+        volume: &Path,
+        socket: &Path,
+        log: &Path,
+    ) -> Result<Server, String> {
         let out = log_file(log)?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let child = Command::new(bin)
             .arg("serve")
+            .args(args)
             .arg("--socket")
             .arg(socket)
             .arg(volume)

@@ -47,6 +47,10 @@ pub struct Options {
     /// `squeeze check`, run `squeeze compact` (sometimes SIGKILLed part
     /// way), then restart and verify.
     pub compact: bool,
+    /// Start the server with `--simulate-saturated-engine`: every write
+    /// batch is compressed below the volume's target codec, so the idle
+    /// phases (`idle_percent`) run upgrades and kills land inside them.
+    pub saturated_engine: bool,
     /// Where the work directory goes (default: the system temp dir).
     pub workdir: Option<PathBuf>,
     /// Keep the work directory even on success.
@@ -70,6 +74,7 @@ impl Options {
             max_conns: 3,
             max_inflight: 16,
             compact: false,
+            saturated_engine: false,
             workdir: None,
             keep: false,
             verbose: false,
@@ -93,6 +98,9 @@ impl Options {
         );
         if self.compact {
             c.push_str(" --compact");
+        }
+        if self.saturated_engine {
+            c.push_str(" --saturated-engine");
         }
         c
     }
@@ -160,6 +168,13 @@ pub struct Totals {
     pub cleaner_bytes_moved: u64,
     pub log_bytes_written: u64,
     pub merged_bytes: u64,
+    /// Raw bytes written below the target codec, and raw bytes the idle
+    /// upgrade rewrote with it (with `saturated_engine`).
+    pub below_target_bytes: u64,
+    pub upgraded_bytes: u64,
+    /// Idle cycles whose server had upgraded bytes before its SIGKILL (the
+    /// kill then lands during or right after an upgrade pass).
+    pub kills_after_upgrades: u64,
     pub seconds: f64,
 }
 
@@ -167,7 +182,7 @@ impl fmt::Display for Totals {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} cycles in {:.1} s: {} SIGKILLs with {} requests in flight, {} connections; {} writes ({} FUA, {} unaligned, {:.1} MiB), {} reads, {} flushes, {} trims, {} write-zeroes; {} clean stops, {} compacts ({} killed), {} checks; after the crashes: {} sectors at their latest content, {} at an intermediate one, {} rolled back to durable; {} of these lost an acknowledged unflushed write; volume: {} checkpoints, {} segments reclaimed, cleaner moved {:.1} MiB, merger rewrote {:.1} MiB, log {:.1} MiB",
+            "{} cycles in {:.1} s: {} SIGKILLs with {} requests in flight, {} connections; {} writes ({} FUA, {} unaligned, {:.1} MiB), {} reads, {} flushes, {} trims, {} write-zeroes; {} clean stops, {} compacts ({} killed), {} checks; after the crashes: {} sectors at their latest content, {} at an intermediate one, {} rolled back to durable; {} of these lost an acknowledged unflushed write; volume: {} checkpoints, {} segments reclaimed, cleaner moved {:.1} MiB, merger rewrote {:.1} MiB, log {:.1} MiB; {:.1} MiB written below the target codec, {:.1} MiB upgraded, {} idle kills after upgrades",
             self.cycles,
             self.seconds,
             self.kills,
@@ -193,7 +208,10 @@ impl fmt::Display for Totals {
             self.segments_reclaimed,
             self.cleaner_bytes_moved as f64 / (1u64 << 20) as f64,
             self.merged_bytes as f64 / (1u64 << 20) as f64,
-            self.log_bytes_written as f64 / (1u64 << 20) as f64
+            self.log_bytes_written as f64 / (1u64 << 20) as f64,
+            self.below_target_bytes as f64 / (1u64 << 20) as f64,
+            self.upgraded_bytes as f64 / (1u64 << 20) as f64,
+            self.kills_after_upgrades
         )
     }
 }
@@ -365,7 +383,7 @@ fn run_in(
         }),
         cv: Condvar::new(),
     };
-    let mut server = Server::start(&o.bin, &vol, &socket, &log)?;
+    let mut server = Server::start(&o.bin, &serve_args(o), &vol, &socket, &log)?;
     for cycle in 0..o.cycles {
         *cycle_out = cycle;
         let plan = Plan::new(o, cycle);
@@ -387,6 +405,12 @@ fn run_in(
             g.t.cleaner_bytes_moved += after[2].saturating_sub(before[2]);
             g.t.log_bytes_written += after[3].saturating_sub(before[3]);
             g.t.merged_bytes += after[4].saturating_sub(before[4]);
+            g.t.below_target_bytes += after[5].saturating_sub(before[5]);
+            let upgraded = after[6].saturating_sub(before[6]);
+            g.t.upgraded_bytes += upgraded;
+            if upgraded > 0 && plan.idle_ms.is_some() {
+                g.t.kills_after_upgrades += 1;
+            }
             g.t.kills += 1;
             g.t.in_flight_at_kill += inflight;
             g.t.connections += plan.conns;
@@ -397,7 +421,7 @@ fn run_in(
         };
         mark_log(&log, &format!("cycle {cycle}: SIGKILL"));
         let t1 = Instant::now();
-        server = Server::start(&o.bin, &vol, &socket, &log)?;
+        server = Server::start(&o.bin, &serve_args(o), &vol, &socket, &log)?;
         let restart_ms = t1.elapsed().as_secs_f64() * 1e3;
         let t2 = Instant::now();
         let c = verify(&sync, &socket, o.size, false)
@@ -411,7 +435,7 @@ fn run_in(
         }
         if plan.compact {
             let what = offline_step(o, &plan, &sync, &mut server, &vol, &log)?;
-            server = Server::start(&o.bin, &vol, &socket, &log)?;
+            server = Server::start(&o.bin, &serve_args(o), &vol, &socket, &log)?;
             verify(&sync, &socket, o.size, true).map_err(|e| format!("after {what}: {e}"))?;
             if o.verbose {
                 say(&format!("cycle {cycle}: {what}; verified exact"));
@@ -423,7 +447,7 @@ fn run_in(
     *cycle_out = o.cycles.saturating_sub(1);
     server.terminate()?;
     check_volume(o, &vol, &log)?;
-    server = Server::start(&o.bin, &vol, &socket, &log)?;
+    server = Server::start(&o.bin, &serve_args(o), &vol, &socket, &log)?;
     verify(&sync, &socket, o.size, true).map_err(|e| format!("after the final clean stop: {e}"))?;
     server.terminate()?;
     let mut g = sync.lock();
@@ -433,6 +457,15 @@ fn run_in(
     Ok(g.t.clone())
 }
 
+/// Options of every `squeeze serve` this run starts.
+fn serve_args(o: &Options) -> Vec<&'static str> {
+    if o.saturated_engine {
+        vec!["--simulate-saturated-engine"]
+    } else {
+        Vec::new()
+    }
+}
+
 fn mark_log(log: &Path, line: &str) {
     if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(log) {
         let _ = writeln!(f, "=== squeeze-torture: {line}");
@@ -440,8 +473,11 @@ fn mark_log(log: &Path, line: &str) {
 }
 
 /// checkpoints, segments_reclaimed, cleaner_bytes_moved, log_bytes_written,
-/// merged_bytes of the running server (`squeeze stats CTL --json`).
-fn counters(o: &Options, vol: &Path, log: &Path) -> Result<[u64; 5], String> {
+/// merged_bytes, below_target_bytes, upgraded_bytes of a running server.
+type Counters = [u64; 7];
+
+/// [`Counters`] of the running server (`squeeze stats CTL --json`).
+fn counters(o: &Options, vol: &Path, log: &Path) -> Result<Counters, String> {
     let ctl = vol.with_extension("ctl");
     let stats = proc::output(
         &o.bin,
@@ -455,6 +491,8 @@ fn counters(o: &Options, vol: &Path, log: &Path) -> Result<[u64; 5], String> {
         n("cleaner_bytes_moved"),
         n("log_bytes_written"),
         n("merged_bytes"),
+        n("below_target_bytes"),
+        n("upgraded_bytes"),
     ])
 }
 
@@ -574,8 +612,8 @@ fn drive(
     plan: &Plan,
     conns: Vec<Conn>,
     server: &mut Server,
-    sample: &dyn Fn() -> Result<[u64; 5], String>,
-) -> Result<(u64, [u64; 5]), String> {
+    sample: &dyn Fn() -> Result<Counters, String>,
+) -> Result<(u64, Counters), String> {
     {
         let mut g = sync.lock();
         g.stop = false;
@@ -583,7 +621,7 @@ fn drive(
         g.conns = (0..conns.len()).map(|_| ConnState::default()).collect();
     }
     let (inflight_at_kill, counters) =
-        std::thread::scope(|s| -> Result<(u64, [u64; 5]), String> {
+        std::thread::scope(|s| -> Result<(u64, Counters), String> {
             for (i, c) in conns.into_iter().enumerate() {
                 let rx = c
                     .stream

@@ -2,33 +2,16 @@
 #![allow(dead_code)]
 
 use rand::{Rng, SeedableRng};
-use squeeze_codec::{Algorithm, CompressEngine, CpuPool, Job, JobResult};
+use squeeze_codec::{CpuPool, Saturated};
 use squeeze_engine::pipeline::adapt::{Law, LAW_DEFAULT};
 use squeeze_engine::{CreateOptions, OpenOptions, Policy, SimStorage, Volume};
 use std::sync::Arc;
 
-/// A real CPU pool that reports itself always far behind: with [`AT_ONCE`]
-/// every client write batch then takes the next rung of the adaptive
-/// codec's ladder (a deterministic stand-in for a saturated pool).
-pub struct Behind(pub CpuPool);
-
-impl CompressEngine for Behind {
-    fn name(&self) -> &str {
-        "behind"
-    }
-    fn threads(&self) -> usize {
-        self.0.threads()
-    }
-    fn backlog_bytes(&self) -> u64 {
-        1 << 40
-    }
-    fn submit(&self, alg: Algorithm, jobs: Vec<Job>, done: Box<dyn FnOnce(Vec<JobResult>) + Send>) {
-        self.0.submit(alg, jobs, done)
-    }
-    fn compress_batch(&self, alg: Algorithm, jobs: Vec<Job>) -> Vec<JobResult> {
-        self.0.compress_batch(alg, jobs)
-    }
-}
+/// A real CPU pool that reports itself always far behind
+/// (`squeeze_codec::Saturated`): with [`AT_ONCE`] every client write batch
+/// then takes the next rung of the adaptive codec's ladder (a deterministic
+/// stand-in for a saturated pool).
+pub type Behind = Saturated<CpuPool>;
 
 /// A law that steps down at every batch while the backlog is high.
 pub const AT_ONCE: Law = Law {
@@ -39,7 +22,7 @@ pub const AT_ONCE: Law = Law {
 /// Open options with a [`Behind`] engine of one thread and [`AT_ONCE`].
 pub fn behind_options() -> OpenOptions {
     OpenOptions {
-        engine: Some(Arc::new(Behind(CpuPool::new(1)))),
+        engine: Some(Arc::new(Saturated(CpuPool::new(1)))),
         adapt_law: Some(AT_ONCE),
         ..Default::default()
     }
