@@ -91,8 +91,8 @@ pub struct VolumeStats {
     #[serde(default)]
     pub below_target_bytes: u64,
     /// Raw bytes written below the target that the upgrade has still to
-    /// rewrite (an upper bound: some may be overwritten already; in memory,
-    /// so 0 after a reopen).
+    /// rewrite (an upper bound: some may be overwritten already; kept
+    /// across a reopen by the checkpoint's segment notes).
     #[serde(default)]
     pub below_target_pending_bytes: u64,
     /// Raw bytes the upgrade rewrote with the policy's codec.

@@ -128,7 +128,7 @@ fn a_base_restarts_the_chain_and_the_old_chain_is_freed() {
 
 #[test]
 fn create_writes_a_base_and_the_next_checkpoint_a_delta() {
-    // (The upgrade of a format 1 volume by a base: tests/format_v1_fixture.rs.)
+    // (The upgrade of a format 1 volume by a base: tests/format_fixtures.rs.)
     let s = Arc::new(SimStorage::new());
     let v = Volume::create(s.clone(), &small_opts(16 * MIB)).unwrap();
     let st = v.stats();

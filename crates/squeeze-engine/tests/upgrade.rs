@@ -106,11 +106,12 @@ fn compact_upgrades_after_a_reopen_by_codec() {
     create(&s, 32 * MIB);
     let v = open_behind(&s, false);
     let model = fill(&v, 8, 8 * MIB);
+    let pending = v.stats().below_target_pending_bytes;
     v.close().unwrap();
-    // The segments' below-target bytes are not persisted; the counters are.
+    // The close's checkpoint carries the segments' notes (format 3).
     let v = reopen(&s);
     let before = v.stats();
-    assert_eq!(before.below_target_pending_bytes, 0);
+    assert_eq!(before.below_target_pending_bytes, pending);
     assert!(before.below_target_bytes > 0);
     let rep = v.compact(|_, _| {}).unwrap();
     let after = v.stats();
@@ -121,6 +122,56 @@ fn compact_upgrades_after_a_reopen_by_codec() {
     assert_eq!(after.upgraded_bytes, rep.upgraded_bytes);
     assert!(read_all(&v, 8 * MIB) == model[..]);
     v.verify_accounting().unwrap();
+}
+
+/// What waits for the upgrade is known after a reopen: from the
+/// checkpoint's notes after a clean close, from replay after a crash (and
+/// from both when a checkpoint fell in between), and the upgrade passes
+/// then rewrite it as they would have before.
+#[test]
+fn pending_upgrades_survive_a_reopen_and_a_crash() {
+    for crash in [false, true] {
+        for checkpoint_between in [false, true] {
+            let s = Arc::new(SimStorage::new());
+            create(&s, 32 * MIB);
+            let v = open_behind(&s, false);
+            let mut model = fill(&v, 9, 4 * MIB);
+            if checkpoint_between {
+                v.checkpoint().unwrap();
+            }
+            let more = squeeze_codec::testdata::fio_like(4 * MIB, 60, 4096, 10);
+            for (k, c) in more.chunks(MIB).enumerate() {
+                v.write((4 * MIB + k * MIB) as u64, c, false).unwrap();
+            }
+            model.extend_from_slice(&more);
+            let pending = v.stats().below_target_pending_bytes;
+            assert!(pending >= 7 * MIB as u64, "{pending}");
+            let s = if crash {
+                v.flush().unwrap();
+                drop(v);
+                Arc::new(s.crash(&mut rng(1)))
+            } else {
+                v.close().unwrap();
+                s
+            };
+            let v = open_behind(&s, false);
+            let what = format!("crash {crash}, checkpoint between {checkpoint_between}");
+            assert_eq!(
+                v.stats().below_target_pending_bytes,
+                pending,
+                "{what}: the notes after the reopen"
+            );
+            let mut passes = 0;
+            while v.upgrade_pass().unwrap().is_some() {
+                passes += 1;
+                assert!(passes < 100, "{what}: the upgrade never ends");
+            }
+            let after = v.stats();
+            assert!(after.upgraded_bytes >= 6 * MIB as u64, "{what}: {after:?}");
+            assert!(read_all(&v, 8 * MIB) == model[..], "{what}");
+            v.verify_accounting().unwrap();
+        }
+    }
 }
 
 #[test]

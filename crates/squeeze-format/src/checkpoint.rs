@@ -1,9 +1,11 @@
-//! The checkpoint chain (format 2): the sector map as of a log position,
+//! The checkpoint chain (formats 2 and 3): the sector map as of a log position,
 //! written as a **base** piece (every mapped run) followed by **delta**
 //! pieces (only the runs of sectors whose mapping changed since the piece
-//! before). Each piece also carries the log position to replay from and the
-//! persistent counters, so the last piece of a chain is a whole checkpoint:
-//! base + deltas in order = the map at the last piece's head.
+//! before). Each piece also carries the log position to replay from, the
+//! persistent counters and (format 3) the segments' below-target notes, so
+//! the last piece of a chain is a whole checkpoint: base + deltas in order =
+//! the map at the last piece's head, with the last piece's counters and
+//! notes.
 //!
 //! The pieces of a chain are laid end to end, each padded to 4 KiB, in the
 //! segments the superblock lists; the superblock holds the chain's length
@@ -12,7 +14,7 @@
 //!
 //! ```text
 //! byte  0  magic         [8]  "SQZCKPT\0"
-//!       8  version       u32  2
+//!       8  version       u32  3 (2: no notes; read, no longer written)
 //!      12  kind          u32  0 = base, 1 = delta
 //!      16  uuid          [16]
 //!      32  generation    u64  superblock generation that first pointed here
@@ -22,8 +24,10 @@
 //!      64  counter_count u32
 //!      68  crc           u32  CRC-32C of the whole piece with this field zero
 //!      72  piece_len     u64  bytes of the piece, padding included (k x 4096)
-//!      80  reserved      [48] zero
+//!      80  note_count    u32  segment notes after the counters (0 in format 2)
+//!      84  reserved      [44] zero
 //!     128  counters      u64 x counter_count
+//!      ..  notes         note_count x (segment u32, below_target_bytes u64)
 //!      ..  runs          run_count x (lba u64, sectors u32, first entry u64)
 //!      ..  padding       zero up to piece_len
 //! ```
@@ -31,13 +35,25 @@
 //! consecutive sectors of one record's extent, starting with `first`; a run
 //! whose `first` is unmapped (0) unmaps its sectors (deltas only). Runs of a
 //! piece are sorted by LBA and do not overlap.
+//!
+//! A note says that `below_target_bytes` raw bytes of blobs in `segment`
+//! were written with a faster codec than the policy's target (the adaptive
+//! codec under load) and wait for the idle upgrade; every piece lists every
+//! segment with a note, sorted by segment, each once, bytes non-zero.
 
 use crate::le::{get_u32, get_u64, put_u32, put_u64};
 use crate::{checksum, FormatError, MapEntry};
 
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"SQZCKPT\0";
-/// The format version of checkpoint pieces.
-pub const VERSION: u32 = 2;
+/// The format version of the checkpoint pieces written.
+pub const VERSION: u32 = 3;
+/// The oldest piece format read (format 2: pieces without notes).
+pub const OLDEST_VERSION: u32 = 2;
+/// Bytes of one encoded note.
+pub const NOTE_BYTES: usize = 12;
+/// Most notes a piece may carry (a sanity bound for decoding: one per
+/// segment of the largest backing file).
+pub const MAX_NOTES: usize = 1 << 24;
 pub const PIECE_HEADER_SIZE: usize = 128;
 /// Pieces are padded to this (a piece never shares a 4 KiB block with the
 /// next one, so a torn write of a new piece cannot touch an old one).
@@ -91,10 +107,19 @@ impl MapRun {
     }
 }
 
-/// Bytes of a piece with `counters` counters and `runs` runs, padded.
-pub fn piece_len(counters: usize, runs: u64) -> u64 {
-    ((PIECE_HEADER_SIZE + 8 * counters) as u64 + runs * RUN_BYTES as u64).div_ceil(PIECE_ALIGN)
+/// Bytes of a piece with `counters` counters, `notes` notes and `runs`
+/// runs, padded.
+pub fn piece_len(counters: usize, notes: usize, runs: u64) -> u64 {
+    ((PIECE_HEADER_SIZE + 8 * counters + NOTE_BYTES * notes) as u64 + runs * RUN_BYTES as u64)
+        .div_ceil(PIECE_ALIGN)
         * PIECE_ALIGN
+}
+
+/// A segment's below-target note (see the module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentNote {
+    pub segment: u32,
+    pub below_target_bytes: u64,
 }
 
 /// Builds one piece.
@@ -106,10 +131,20 @@ pub struct PieceWriter {
 }
 
 impl PieceWriter {
-    pub fn new(h: &PieceHeader, counters: &[u64], run_hint: usize) -> Self {
-        assert!(counters.len() <= MAX_COUNTERS);
-        let mut buf =
-            Vec::with_capacity(PIECE_HEADER_SIZE + 8 * counters.len() + run_hint * RUN_BYTES);
+    /// `notes` sorted by segment, each once, bytes non-zero.
+    pub fn new(h: &PieceHeader, counters: &[u64], notes: &[SegmentNote], run_hint: usize) -> Self {
+        assert!(counters.len() <= MAX_COUNTERS && notes.len() <= MAX_NOTES);
+        assert!(
+            notes.windows(2).all(|w| w[0].segment < w[1].segment)
+                && notes.iter().all(|n| n.below_target_bytes > 0),
+            "notes out of order, repeated or empty"
+        );
+        let mut buf = Vec::with_capacity(
+            PIECE_HEADER_SIZE
+                + 8 * counters.len()
+                + NOTE_BYTES * notes.len()
+                + run_hint * RUN_BYTES,
+        );
         buf.resize(PIECE_HEADER_SIZE, 0);
         buf[0..8].copy_from_slice(&CHECKPOINT_MAGIC);
         put_u32(&mut buf, 8, VERSION);
@@ -119,8 +154,13 @@ impl PieceWriter {
         put_u64(&mut buf, 40, h.next_seq);
         put_u64(&mut buf, 48, h.head_offset);
         put_u32(&mut buf, 64, counters.len() as u32);
+        put_u32(&mut buf, 80, notes.len() as u32);
         for c in counters {
             buf.extend_from_slice(&c.to_le_bytes());
+        }
+        for n in notes {
+            buf.extend_from_slice(&n.segment.to_le_bytes());
+            buf.extend_from_slice(&n.below_target_bytes.to_le_bytes());
         }
         PieceWriter {
             buf,
@@ -159,20 +199,23 @@ impl PieceWriter {
     }
 }
 
-/// The magic and version every checkpoint header (either format) starts
-/// with; `b` holds at least the header.
-pub(crate) fn check_magic_and_version(b: &[u8], version: u32) -> Result<(), FormatError> {
+/// The magic and version every checkpoint header (any format) starts
+/// with; `b` holds at least the header. Returns the version found.
+pub(crate) fn check_magic_and_version(
+    b: &[u8],
+    versions: std::ops::RangeInclusive<u32>,
+) -> Result<u32, FormatError> {
     if b[0..8] != CHECKPOINT_MAGIC {
         return Err(FormatError::BadMagic { what: "checkpoint" });
     }
     let found = get_u32(b, 8);
-    if found != version {
+    if !versions.contains(&found) {
         return Err(FormatError::UnsupportedVersion {
             found,
-            supported: version,
+            supported: *versions.end(),
         });
     }
-    Ok(())
+    Ok(found)
 }
 
 /// The CRC a finished piece carries in its header (what a superblock
@@ -188,10 +231,12 @@ fn piece_crc(b: &[u8]) -> u32 {
     checksum::crc32c_append(crc, &b[72..])
 }
 
-/// A decoded piece: its header, counters and a view of its runs.
+/// A decoded piece: its header, counters, notes and a view of its runs.
 pub struct Piece<'a> {
     pub header: PieceHeader,
     pub counters: Vec<u64>,
+    /// Sorted by segment, each once, bytes non-zero (checked).
+    pub notes: Vec<SegmentNote>,
     /// Bytes the piece occupies (padding included).
     pub len: u64,
     /// Its CRC (what a superblock naming it as a chain's last piece holds).
@@ -214,7 +259,7 @@ impl<'a> Piece<'a> {
                 have: b.len(),
             });
         }
-        check_magic_and_version(b, VERSION)?;
+        let version = check_magic_and_version(b, OLDEST_VERSION..=VERSION)?;
         let len = get_u64(b, 72);
         if len < PIECE_ALIGN || !len.is_multiple_of(PIECE_ALIGN) {
             return Err(invalid(format!("length {len}")));
@@ -248,16 +293,46 @@ impl<'a> Piece<'a> {
         if n_counters > MAX_COUNTERS {
             return Err(invalid(format!("{n_counters} counters")));
         }
+        // Format 2 has no notes: its byte 80 is reserved (zero), checked
+        // with the rest below.
+        let n_notes = if version >= 3 {
+            get_u32(b, 80) as usize
+        } else {
+            0
+        };
+        if n_notes > MAX_NOTES {
+            return Err(invalid(format!("{n_notes} notes")));
+        }
         let run_count = get_u64(b, 56);
         let counters_end = PIECE_HEADER_SIZE + 8 * n_counters;
-        let runs_end = u128::from(run_count) * RUN_BYTES as u128 + counters_end as u128;
+        let notes_end = counters_end + NOTE_BYTES * n_notes;
+        if notes_end as u64 > len {
+            return Err(invalid(format!("{n_notes} notes do not fit {len} bytes")));
+        }
+        let runs_end = u128::from(run_count) * RUN_BYTES as u128 + notes_end as u128;
         if runs_end > u128::from(len) || u128::from(len) - runs_end >= u128::from(PIECE_ALIGN) {
             return Err(invalid(format!("{run_count} runs do not fill {len} bytes")));
         }
         let runs_end = runs_end as usize;
-        if b[80..PIECE_HEADER_SIZE].iter().any(|&x| x != 0) || b[runs_end..].iter().any(|&x| x != 0)
+        let reserved = if version >= 3 { 84 } else { 80 };
+        if b[reserved..PIECE_HEADER_SIZE].iter().any(|&x| x != 0)
+            || b[runs_end..].iter().any(|&x| x != 0)
         {
             return Err(invalid("nonzero reserved bytes or padding".into()));
+        }
+        let notes: Vec<SegmentNote> = b[counters_end..notes_end]
+            .chunks_exact(NOTE_BYTES)
+            .map(|c| SegmentNote {
+                segment: get_u32(c, 0),
+                below_target_bytes: get_u64(c, 4),
+            })
+            .collect();
+        if !notes.windows(2).all(|w| w[0].segment < w[1].segment)
+            || notes.iter().any(|n| n.below_target_bytes == 0)
+        {
+            return Err(invalid(
+                "segment notes out of order, repeated or empty".into(),
+            ));
         }
         Ok(Piece {
             header: PieceHeader {
@@ -270,9 +345,10 @@ impl<'a> Piece<'a> {
             counters: (0..n_counters)
                 .map(|i| get_u64(b, PIECE_HEADER_SIZE + 8 * i))
                 .collect(),
+            notes,
             len,
             crc,
-            runs: &b[counters_end..runs_end],
+            runs: &b[notes_end..runs_end],
         })
     }
 
@@ -387,12 +463,12 @@ mod tests {
 
     #[test]
     fn a_chain_round_trips() {
-        let mut w = PieceWriter::new(&header(PieceKind::Base, 4), &[1, 2, 3], 2);
+        let mut w = PieceWriter::new(&header(PieceKind::Base, 4), &[1, 2, 3], &[], 2);
         w.push(run(0, 32, 1 << 20));
         w.push(run(1000, 5, 2 << 20));
         let base = w.finish();
-        assert_eq!(base.len() as u64, piece_len(3, 2));
-        let mut w = PieceWriter::new(&header(PieceKind::Delta, 6), &[4, 5, 6], 2);
+        assert_eq!(base.len() as u64, piece_len(3, 0, 2));
+        let mut w = PieceWriter::new(&header(PieceKind::Delta, 6), &[4, 5, 6], &notes(), 2);
         w.push(run(3, 2, 0));
         w.push(run(1000, 32, 3 << 20));
         let delta = w.finish();
@@ -401,6 +477,8 @@ mod tests {
         assert_eq!(ps.len(), 2);
         assert_eq!(ps[0].header, header(PieceKind::Base, 4));
         assert_eq!(ps[1].counters, vec![4, 5, 6]);
+        assert!(ps[0].notes.is_empty());
+        assert_eq!(ps[1].notes, notes());
         assert_eq!(ps[1].crc, get_u32(&delta, 68));
         let runs: Vec<_> = ps[1].runs().map(|r| r.unwrap()).collect();
         assert_eq!(runs, vec![run(3, 2, 0), run(1000, 32, 3 << 20)]);
@@ -408,9 +486,93 @@ mod tests {
         assert_eq!(runs[0].entry(1), MapEntry::UNMAPPED);
     }
 
+    fn notes() -> Vec<SegmentNote> {
+        vec![
+            SegmentNote {
+                segment: 3,
+                below_target_bytes: 128 << 10,
+            },
+            SegmentNote {
+                segment: 70_000,
+                below_target_bytes: 1,
+            },
+        ]
+    }
+
+    /// `piece` rewritten as format 2 wrote it (version 2, no notes).
+    fn as_version_2(mut piece: Vec<u8>) -> Vec<u8> {
+        assert_eq!(get_u32(&piece, 80), 0);
+        put_u32(&mut piece, 8, 2);
+        let crc = piece_crc(&piece);
+        put_u32(&mut piece, 68, crc);
+        piece
+    }
+
+    #[test]
+    fn format_2_pieces_still_decode() {
+        let mut w = PieceWriter::new(&header(PieceKind::Base, 4), &[1, 2], &[], 1);
+        w.push(run(0, 32, 1 << 20));
+        let v2 = as_version_2(w.finish());
+        let p = Piece::decode(&v2, &[1; 16]).unwrap();
+        assert_eq!(p.counters, vec![1, 2]);
+        assert!(p.notes.is_empty());
+        assert_eq!(p.runs().collect::<Result<Vec<_>, _>>().unwrap().len(), 1);
+        // Format 2's byte 80 is reserved: a note count there is damage.
+        let mut bad = v2.clone();
+        put_u32(&mut bad, 80, 1);
+        let crc = piece_crc(&bad);
+        put_u32(&mut bad, 68, crc);
+        assert!(Piece::decode(&bad, &[1; 16]).is_err());
+        // Versions outside 2..=3 are refused by name.
+        for v in [1, 4] {
+            let mut b = v2.clone();
+            put_u32(&mut b, 8, v);
+            assert!(matches!(
+                Piece::decode(&b, &[1; 16]),
+                Err(FormatError::UnsupportedVersion { found, .. }) if found == v
+            ));
+        }
+    }
+
+    #[test]
+    fn bad_notes_are_refused() {
+        let uuid = [1; 16];
+        let piece_with = |notes: &[(u32, u64)], count: Option<u32>| {
+            let mut w = PieceWriter::new(&header(PieceKind::Base, 4), &[7], &[], 1);
+            w.push(run(0, 32, 1 << 20));
+            let mut b = w.finish();
+            // Rebuild by hand: counters, the notes as given, the run.
+            let run_at = PIECE_HEADER_SIZE + 8;
+            let run_bytes = b[run_at..run_at + RUN_BYTES].to_vec();
+            b.truncate(run_at);
+            for &(seg, bytes) in notes {
+                b.extend_from_slice(&seg.to_le_bytes());
+                b.extend_from_slice(&bytes.to_le_bytes());
+            }
+            b.extend_from_slice(&run_bytes);
+            b.resize(4096, 0);
+            put_u32(&mut b, 80, count.unwrap_or(notes.len() as u32));
+            let crc = piece_crc(&b);
+            put_u32(&mut b, 68, crc);
+            b
+        };
+        let good = piece_with(&[(1, 5), (2, 6)], None);
+        assert_eq!(Piece::decode(&good, &uuid).unwrap().notes.len(), 2);
+        for (notes, count, what) in [
+            (&[(2u32, 5u64), (1, 6)][..], None, "out of order"),
+            (&[(2, 5), (2, 6)][..], None, "repeated"),
+            (&[(2, 0)][..], None, "empty"),
+            (&[(2, 5)][..], Some(400), "more notes than bytes"),
+            (&[(2, 5)][..], Some(u32::MAX), "absurd count"),
+        ] {
+            let b = piece_with(notes, count);
+            assert!(Piece::decode(&b, &uuid).is_err(), "{what}");
+        }
+    }
+
     #[test]
     fn damage_and_misuse_are_refused() {
-        let mut w = PieceWriter::new(&header(PieceKind::Base, 4), &[1], 1);
+        let mut w = PieceWriter::new(&header(PieceKind::Base, 4), &[1], &[], 1);
         w.push(run(0, 32, 1 << 20));
         let base = w.finish();
         let uuid = [1; 16];
@@ -426,14 +588,14 @@ mod tests {
         ));
         assert!(Piece::decode(&base[..4095], &uuid).is_err());
         // A delta cannot start a chain, a base cannot follow one.
-        let mut w = PieceWriter::new(&header(PieceKind::Delta, 5), &[1], 0);
+        let mut w = PieceWriter::new(&header(PieceKind::Delta, 5), &[1], &[], 0);
         w.push(run(7, 1, 0));
         let delta = w.finish();
         assert!(pieces(&delta, &uuid).next().unwrap().is_err());
         let two_bases = [base.clone(), base.clone()].concat();
         assert!(pieces(&two_bases, &uuid).nth(1).unwrap().is_err());
         // Generations must increase.
-        let mut w = PieceWriter::new(&header(PieceKind::Delta, 4), &[1], 0);
+        let mut w = PieceWriter::new(&header(PieceKind::Delta, 4), &[1], &[], 0);
         w.push(run(7, 1, 0));
         let stale = [base.clone(), w.finish()].concat();
         assert!(pieces(&stale, &uuid).nth(1).unwrap().is_err());

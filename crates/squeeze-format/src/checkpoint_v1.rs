@@ -108,7 +108,7 @@ impl<'a> CheckpointReader<'a> {
         if b.len() < CHECKPOINT_HEADER_SIZE {
             return Err(trunc(CHECKPOINT_HEADER_SIZE));
         }
-        crate::checkpoint::check_magic_and_version(b, VERSION)?;
+        crate::checkpoint::check_magic_and_version(b, VERSION..=VERSION)?;
         if &b[16..32] != uuid {
             return Err(FormatError::WrongVolume { what: "checkpoint" });
         }

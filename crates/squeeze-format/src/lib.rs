@@ -13,7 +13,9 @@ pub mod map_entry;
 pub mod record;
 pub mod superblock;
 
-pub use checkpoint::{MapRun, Piece, PieceHeader, PieceKind, PieceWriter, CHUNK_ENTRIES};
+pub use checkpoint::{
+    MapRun, Piece, PieceHeader, PieceKind, PieceWriter, SegmentNote, CHUNK_ENTRIES,
+};
 pub use codec_id::CodecId;
 pub use layout::*;
 pub use map_entry::MapEntry;

@@ -13,7 +13,8 @@ use squeeze_format::checksum::crc32c;
 use squeeze_format::checkpoint_v1::{CheckpointHeader, CheckpointWriter};
 use squeeze_format::{
     CheckpointRef, CompressionMode, MapEntry, MapRun, PieceHeader, PieceKind, PieceWriter, Policy,
-    RecordHeader, RecordKind, Superblock, CHUNK_ENTRIES, FORMAT_VERSION, RECORD_HEADER_SIZE,
+    RecordHeader, RecordKind, SegmentNote, Superblock, CHUNK_ENTRIES, FORMAT_VERSION,
+    RECORD_HEADER_SIZE,
 };
 use squeeze_nbd::proto::*;
 
@@ -129,12 +130,20 @@ fn chain(uuid: [u8; 16]) -> Vec<u8> {
             MapEntry::new(offset, 0, 32, 32 * 4096 + 64)
         },
     };
-    let mut w = PieceWriter::new(&header(PieceKind::Base, 7), &[1, 2, 3, 4], 3);
+    let mut w = PieceWriter::new(&header(PieceKind::Base, 7), &[1, 2, 3, 4], &[], 3);
     w.push(run(0, 32, 1 << 20));
     w.push(run(32, 16, 2 << 20));
     w.push(run(600, 32, 3 << 20));
     let mut b = w.finish();
-    let mut w = PieceWriter::new(&header(PieceKind::Delta, 8), &[5, 6, 7, 8], 2);
+    let mut w = PieceWriter::new(
+        &header(PieceKind::Delta, 8),
+        &[5, 6, 7, 8],
+        &[SegmentNote {
+            segment: 2,
+            below_target_bytes: 4096,
+        }],
+        2,
+    );
     w.push(run(10, 3, 0));
     w.push(run(600, 32, 4 << 20));
     b.extend(w.finish());

@@ -45,8 +45,14 @@ pub const REBASE_MIN_BYTES: u64 = 4 << 20;
 /// Segments a base piece of the current map needs, with `extra_runs` more
 /// runs than it has now, plus one for a delta that spills over.
 pub(crate) fn segments_needed(inner: &Inner, extra_runs: u64) -> u64 {
-    let runs = inner.state.read().map.weight() + extra_runs;
-    piece_len(COUNTERS, runs).div_ceil(inner.seg_size) + 1
+    let (runs, notes) = {
+        let st = inner.state.read();
+        (
+            st.map.weight() + extra_runs,
+            st.usage.below_target_notes().len(),
+        )
+    };
+    piece_len(COUNTERS, notes, runs).div_ceil(inner.seg_size) + 1
 }
 
 /// True when dead log segments wait to be freed (by at most two
@@ -124,6 +130,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         inner.ckpt_history.lock().need_base = true;
         let dirty = st.map.take_dirty();
         let counters = inner.counters.snapshot();
+        let notes = st.usage.below_target_notes();
         let mut header = PieceHeader {
             kind: PieceKind::Delta,
             uuid: inner.uuid,
@@ -133,7 +140,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         };
         let mut piece = None;
         if !base {
-            let mut w = PieceWriter::new(&header, &counters, 0);
+            let mut w = PieceWriter::new(&header, &counters, &notes, 0);
             st.map.delta_runs(&dirty, |r| w.push(r));
             let p = w.finish();
             // A chain longer than the superblock can list restarts.
@@ -149,7 +156,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
             Some(p) => p,
             None => {
                 header.kind = PieceKind::Base;
-                let mut w = PieceWriter::new(&header, &counters, st.map.weight() as usize);
+                let mut w = PieceWriter::new(&header, &counters, &notes, st.map.weight() as usize);
                 st.map.for_each_run(|r| w.push(r));
                 w.finish()
             }

@@ -30,7 +30,7 @@ use squeeze_format::checkpoint::{pieces, MapRun};
 use squeeze_format::checkpoint_v1::CheckpointReader;
 use squeeze_format::{
     checksum, record::verify_payload, FormatError, MapEntry, PieceKind, RecordHeader, RecordKind,
-    RecordScan, Stride, Superblock, DATA_START, RECORD_HEADER_SIZE,
+    RecordScan, SegmentNote, Stride, Superblock, DATA_START, RECORD_HEADER_SIZE,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -62,6 +62,8 @@ struct CheckpointPosition {
     next_seq: u64,
     head_offset: u64,
     counters: Vec<u64>,
+    /// Segments' below-target notes (none before format 3).
+    notes: Vec<SegmentNote>,
 }
 
 /// Reads and checks the checkpoint the superblock names.
@@ -135,6 +137,7 @@ fn load_chain(
                 next_seq: piece.header.next_seq,
                 head_offset: piece.header.head_offset,
                 counters: piece.counters,
+                notes: piece.notes,
             },
         ));
     }
@@ -175,6 +178,7 @@ fn load_v1(stream: &[u8], sb: &Superblock, map: &mut SectorMap) -> Result<Checkp
         next_seq: ck.header.next_seq,
         head_offset: ck.header.head_offset,
         counters: ck.counters,
+        notes: Vec::new(),
     })
 }
 
@@ -247,6 +251,22 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
         let seg = segment_of(r.first.record_offset(), seg_size);
         state.usage.add_run(seg, r.first, r.sectors);
     });
+    for n in &ck.notes {
+        if n.segment >= max_segs {
+            return Err(bad_checkpoint(format!(
+                "a below-target note names segment {} of {max_segs}",
+                n.segment
+            )));
+        }
+        // A note of a segment with nothing live is stale (its records died
+        // after the note was written): the map is the truth.
+        if state.usage.get(n.segment).live_sectors > 0 {
+            state
+                .usage
+                .note_below_target(n.segment, n.below_target_bytes);
+        }
+    }
+    let target = squeeze_codec::Algorithm::new(sb.policy.codec, sb.policy.level);
     let mut counters = ck.counters.clone();
     counters.resize(crate::counters::COUNTERS, 0);
 
@@ -290,6 +310,13 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
             state.apply(&h, pos, seg_size);
             if h.kind == RecordKind::Extent {
                 counters[Counter::BytesWritten as usize] += h.raw_len() as u64;
+            }
+            // What was written (or relocated) below the target since the
+            // checkpoint: the upgrade's work, as the append noted it.
+            if h.kind.has_payload() && crate::pipeline::adapt::below_target_codec(h.codec, target) {
+                state
+                    .usage
+                    .note_below_target(segment_of(pos, seg_size), h.raw_len() as u64);
             }
             counters[Counter::LogBytes as usize] += h.record_len();
             pos += h.record_len();

@@ -67,6 +67,15 @@ pub fn ladder(target: Algorithm) -> Vec<Algorithm> {
     rungs
 }
 
+/// True when a record of `codec` may hold bytes written below `target`
+/// (the ladder's rungs of another codec; raw records are not counted:
+/// incompressible data is raw at any rung).
+pub fn below_target_codec(codec: CodecId, target: Algorithm) -> bool {
+    codec != target.codec
+        && codec != CodecId::None
+        && ladder(target).iter().any(|a| a.codec == codec)
+}
+
 /// The control law's constants (see the module text).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Law {

@@ -193,17 +193,6 @@ pub(crate) fn rewrite_segment(inner: &Inner, s: SegmentId, mode: Rewrite) -> Res
     r
 }
 
-/// True when a record of `codec` may hold bytes written below `target`
-/// (the ladder's rungs of another codec; raw records are not counted:
-/// incompressible data is raw at any rung).
-fn below_target_codec(codec: CodecId, target: Algorithm) -> bool {
-    codec != target.codec
-        && codec != CodecId::None
-        && crate::pipeline::adapt::ladder(target)
-            .iter()
-            .any(|a| a.codec == codec)
-}
-
 fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<CleanReport> {
     let mut rep = CleanReport {
         victims: 1,
@@ -232,7 +221,9 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
     let victim_below = inner.state.read().usage.below_target(s) > 0;
     let upgrade_this = |codec: CodecId| match mode {
         Rewrite::Upgrade { all: true } => true,
-        Rewrite::Upgrade { all: false } => below_target_codec(codec, policy.algorithm),
+        Rewrite::Upgrade { all: false } => {
+            crate::pipeline::adapt::below_target_codec(codec, policy.algorithm)
+        }
         Rewrite::Clean => false,
     };
     if mode == (Rewrite::Upgrade { all: false }) && {

@@ -8,8 +8,10 @@
 //!   `MapState::replace`, checked by `Volume::verify_accounting` in tests).
 //! - below_target of a segment = raw bytes of the blobs appended to it with
 //!   a codec below the policy's target since it last held no live sector
-//!   (an upper bound of what of it the upgrade has to rewrite; in memory
-//!   only: a reopened volume starts from 0, see docs/ARCHITECTURE.md).
+//!   (an upper bound of what of it the upgrade has to rewrite). Every
+//!   checkpoint piece carries these notes (format 3), and replay notes the
+//!   records it applies that are below the target, so a reopened volume
+//!   still knows what to upgrade.
 //! - A segment is reused only after a durable checkpoint no longer needs it:
 //!   it held no live sector in that checkpoint's snapshot and every record in
 //!   it precedes the checkpoint's replay position (so neither the checkpoint
@@ -188,6 +190,20 @@ impl Usage {
     /// is still live of them).
     pub fn below_target(&self, s: SegmentId) -> u64 {
         self.below_target.get(s as usize).copied().unwrap_or(0)
+    }
+
+    /// The segments with a below-target note, in order, with their bytes
+    /// (what a checkpoint piece records).
+    pub fn below_target_notes(&self) -> Vec<squeeze_format::SegmentNote> {
+        self.below_target
+            .iter()
+            .enumerate()
+            .filter(|&(_, &b)| b > 0)
+            .map(|(s, &b)| squeeze_format::SegmentNote {
+                segment: s as SegmentId,
+                below_target_bytes: b,
+            })
+            .collect()
     }
 
     /// Sum of [`Usage::below_target`] over all segments.
