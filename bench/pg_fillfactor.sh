@@ -10,7 +10,9 @@
 # The sides, ext4 (mounted noatime) on a loop device with direct I/O, set up once and used in
 # turns (for each fillfactor, each workload: squeeze, then plain), so a burst of load from the
 # other users of the machine hits every side alike:
-#   squeeze  `squeeze serve` (default policy) -> Unix socket -> nbdfuse (libnbd) -> loop -> ext4
+#   squeeze  `squeeze serve --fuse-dir` (default policy): its own FUSE export -> loop -> ext4
+#            (SQUEEZE_PATH=nbdfuse: `squeeze serve` -> Unix socket -> nbdfuse (libnbd) -> loop -> ext4,
+#            the path of the runs before session 8)
 #   plain    a sparse file on the same disk   -> loop -> ext4
 #   host     (only if SIDES names it) a directory on the host's own file system (/var/tmp: ext4 on
 #            the same disk), no loop device: what PostgreSQL gets without any of this stack
@@ -46,7 +48,8 @@
 #      both sides share), FILLFACTORS ("100 90 80 70 50"), WORKLOADS ("pgbench sysbench"),
 #      SIDES ("squeeze plain"), PGB_SCALE (20; quick 2), SB_ROWS (1000000; quick 100000),
 #      RUN_SECS (60; quick 5), CLIENTS (8), VOL_SIZE (16G), SHARED_BUFFERS (256MB),
-#      SQUEEZE_SERVE_ARGS (extra `serve` options), NBDFUSE_ARGS (extra nbdfuse options),
+#      SQUEEZE_SERVE_ARGS (extra `serve` options), SQUEEZE_PATH (fuse; nbdfuse), NBDFUSE_ARGS
+#      (extra nbdfuse options),
 #      PG_EXTRA_CONF (lines appended to postgresql.conf on every side, e.g.
 #      "full_page_writes = off" to measure what full-page images cost: not a safe setting, see
 #      docs/DATABASES.md), PG_INITDB_ARGS (e.g. --data-checksums),
@@ -171,7 +174,10 @@ side_down() {
   fi
   if mountpoint -q "$d/mnt" 2>/dev/null; then umount "$d/mnt" || umount -l "$d/mnt"; fi
   if [[ -n ${LOOP[$s]:-} ]]; then losetup -d "${LOOP[$s]}" || true; LOOP[$s]=""; fi
-  if mountpoint -q "$d/fuse" 2>/dev/null; then fusermount3 -u "$d/fuse" || umount -l "$d/fuse"; fi
+  # nbdfuse's mount goes now; the server's own export goes with the server (SIGTERM).
+  if [[ ${SQUEEZE_PATH:-fuse} != fuse ]] && mountpoint -q "$d/fuse" 2>/dev/null; then
+    fusermount3 -u "$d/fuse" || umount -l "$d/fuse"
+  fi
   if [[ -n ${SERVE_PID[$s]:-} ]]; then
     kill -TERM "${SERVE_PID[$s]}" 2>/dev/null || true
     wait "${SERVE_PID[$s]}" 2>/dev/null || true
@@ -201,21 +207,29 @@ side_up() {
   case $s in
     squeeze)
       mkdir -p "$d/fuse"
+      local fuse_args=()
+      [[ ${SQUEEZE_PATH:-fuse} == fuse ]] && fuse_args=(--fuse-dir "$d/fuse")
       # shellcheck disable=SC2086
       if ((TRACE)); then
         RUST_LOG=squeeze_nbd::server::transmission=trace "$BIN" serve --socket "$d/nbd.sock" \
-          --control "$d/ctl" --size "$VOL_SIZE" ${SQUEEZE_SERVE_ARGS:-} "$d/vol.sqz" 2>"$OUT_BASE/serve-trace.log" &
+          --control "$d/ctl" --size "$VOL_SIZE" "${fuse_args[@]}" ${SQUEEZE_SERVE_ARGS:-} "$d/vol.sqz" \
+          2>"$OUT_BASE/serve-trace.log" &
       else
-        "$BIN" serve --socket "$d/nbd.sock" --control "$d/ctl" --size "$VOL_SIZE" \
+        "$BIN" serve --socket "$d/nbd.sock" --control "$d/ctl" --size "$VOL_SIZE" "${fuse_args[@]}" \
           ${SQUEEZE_SERVE_ARGS:-} "$d/vol.sqz" 2>"$OUT_BASE/serve.log" &
       fi
       SERVE_PID[$s]=$!
       wait_for 30 test -S "$d/ctl" || sq_die "squeeze serve did not start (see $OUT_BASE/serve.log)"
-      # shellcheck disable=SC2086
-      nbdfuse -P "$d/nbdfuse.pid" ${NBDFUSE_ARGS:-} "$d/fuse" "nbd+unix:///vol?socket=$d/nbd.sock" \
-        2>"$OUT_BASE/nbdfuse.log" &
-      wait_for 30 test -s "$d/nbdfuse.pid" || sq_die "nbdfuse did not start (see $OUT_BASE/nbdfuse.log)"
-      dev=$d/fuse/nbd
+      if [[ ${SQUEEZE_PATH:-fuse} == fuse ]]; then
+        wait_for 30 test -e "$d/fuse/vol" || sq_die "the FUSE export did not appear (see $OUT_BASE/serve.log)"
+        dev=$d/fuse/vol
+      else
+        # shellcheck disable=SC2086
+        nbdfuse -P "$d/nbdfuse.pid" ${NBDFUSE_ARGS:-} "$d/fuse" "nbd+unix:///vol?socket=$d/nbd.sock" \
+          2>"$OUT_BASE/nbdfuse.log" &
+        wait_for 30 test -s "$d/nbdfuse.pid" || sq_die "nbdfuse did not start (see $OUT_BASE/nbdfuse.log)"
+        dev=$d/fuse/nbd
+      fi
       ;;
     plain)
       truncate -s "$VOL_SIZE" "$d/plain.img"

@@ -1,5 +1,6 @@
 //! Live statistics while serving: `squeeze stats CONTROL_SOCKET` (text and
-//! `--json`) shows bytes_written growing as a client writes, and
+//! `--json`) shows bytes_written growing as a client writes, with the NBD
+//! server's request counts beside the volume's figures, and
 //! `--metrics ADDR:PORT` serves Prometheus text at /metrics (JSON at /stats).
 
 mod common;
@@ -59,9 +60,18 @@ fn stats_and_metrics_grow_while_serving() {
     assert!(after >= before + (8 << 20), "{before} -> {st}");
     assert!(st["mapped_bytes"].as_u64().unwrap() > 0, "{st}");
 
+    // The NBD server's counters come with each volume's: the write and
+    // the flush above are counted.
+    let nbd = &st["nbd_server"];
+    assert!(nbd["requests"]["write"].as_u64().unwrap() >= 1, "{st}");
+    assert!(nbd["requests"]["flush"].as_u64().unwrap() >= 1, "{st}");
+    assert!(nbd["bytes_written"].as_u64().unwrap() >= 8 << 20, "{st}");
+    assert!(nbd["connections_open"].as_u64().unwrap() >= 1, "{st}");
+
     let text = run(squeeze().arg("stats").arg(&srv.control));
     assert!(text.contains("bytes written"), "{text}");
     assert!(text.contains("compression ratio"), "{text}");
+    assert!(text.contains("nbd requests           read "), "{text}");
 
     let m1 = http_get(&addr, "/metrics");
     assert!(

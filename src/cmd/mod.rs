@@ -11,6 +11,7 @@ pub mod info;
 pub mod kv;
 pub mod scan;
 pub mod serve;
+pub mod serve_fuse;
 pub mod set;
 pub mod stats;
 pub mod tco;

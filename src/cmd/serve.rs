@@ -44,6 +44,13 @@ pub struct Args {
     /// Listen on a Unix socket (mode 0600) instead of TCP (or as well, with --listen).
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// Also serve the volumes as files DIR/NAME of a FUSE file system, for
+    /// a loop device (`losetup -f --show DIR/NAME`): a kernel block device
+    /// where the kernel's nbd module is missing, one hop from the engine.
+    /// Needs /dev/fuse and fusermount3 (Debian's fuse3). NBD stays on as
+    /// well (--socket or --listen).
+    #[arg(long, value_name = "DIR")]
+    pub fuse_dir: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (and JSON at /stats).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
@@ -212,6 +219,30 @@ fn volume_write_slots() -> usize {
     (cores * 2).clamp(4, 64)
 }
 
+/// Marks this process as an I/O flusher (PR_SET_IO_FLUSHER, Linux 5.6):
+/// its allocations then never wait on writeback to a device it serves.
+/// A client on this host (the kernel's nbd client, a loop device on the
+/// FUSE export, a file system or a Ceph OSD above either) may need memory
+/// reclaim to write dirty pages to that very device; if the server's own
+/// allocation waited for that reclaim, neither would move (the deadlock
+/// Ceph's rbd-nbd and Rook hit, and why they set this flag). Needs
+/// CAP_SYS_RESOURCE; without it (or on an older kernel) a warning is
+/// logged and the server runs as before.
+fn set_io_flusher() {
+    const PR_SET_IO_FLUSHER: libc::c_int = 57;
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        tracing::warn!(
+            "PR_SET_IO_FLUSHER not set ({e}): a client on this host whose memory \
+             reclaim writes to this server's device could deadlock under memory pressure"
+        );
+    } else {
+        tracing::debug!("PR_SET_IO_FLUSHER set");
+    }
+}
+
 fn export_name(path: &Path) -> String {
     path.file_stem()
         .map_or_else(|| "volume".into(), |s| s.to_string_lossy().into_owned())
@@ -261,6 +292,7 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
 pub fn run(a: Args) -> Result<ExitCode> {
     // Bad TLS flags or files fail before any volume is opened or created.
     let tls = tls_config(&a)?;
+    set_io_flusher();
     let paths = if a.paths.is_empty() {
         vec![PathBuf::from(DEFAULT_DIR).join("default.sqz")]
     } else {
@@ -363,6 +395,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
         );
     }
     drop(stats_devices);
+    let fuse = match &a.fuse_dir {
+        Some(dir) => Some(super::serve_fuse::FuseExport::mount(
+            dir,
+            devices.clone(),
+            volume_write_slots(),
+        )?),
+        None => None,
+    };
 
     print_connect_help(
         &listeners,
@@ -371,6 +411,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
         &control_path,
         a.metrics.as_deref(),
     );
+    if let Some(f) = &fuse {
+        for name in &visible {
+            noteln!(
+                "  block device: losetup -f --show {}",
+                f.dir().join(name).display()
+            );
+        }
+    }
 
     // Signals: stop accepting, let in-flight requests finish.
     let handle = server.shutdown_handle();
@@ -413,6 +461,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     let _ = std::fs::remove_file(&control_path);
     drop(server);
+    // The FUSE export: later requests fail, the mount goes (lazily), and
+    // its references to the volumes with it.
+    if let Some(f) = fuse {
+        f.stop();
+    }
     let mut failed = false;
     for (name, dev) in devices {
         if let Err(e) = dev.vol.flush() {
@@ -586,8 +639,17 @@ fn control_loop(
     }
 }
 
+/// A running server's answer on its control socket.
+pub struct LiveStats {
+    /// Each volume's statistics.
+    pub volumes: Vec<(String, VolumeStats)>,
+    /// The NBD server's counters (connections, requests by type, bytes,
+    /// errors), for all its exports together.
+    pub server: serde_json::Value,
+}
+
 /// Reads the live statistics from a server's control socket.
-pub fn query_control(path: &Path) -> Result<Vec<(String, VolumeStats)>> {
+pub fn query_control(path: &Path) -> Result<LiveStats> {
     let mut c = UnixStream::connect(path)?;
     let mut s = String::new();
     c.read_to_string(&mut s)?;
@@ -595,9 +657,13 @@ pub fn query_control(path: &Path) -> Result<Vec<(String, VolumeStats)>> {
     let vols = v["volumes"]
         .as_object()
         .ok_or_else(|| anyhow::anyhow!("malformed answer from the control socket"))?;
-    vols.iter()
-        .map(|(k, v)| Ok((k.clone(), stats_from_json(v)?)))
-        .collect()
+    Ok(LiveStats {
+        volumes: vols
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), stats_from_json(v)?)))
+            .collect::<Result<_>>()?,
+        server: v["server"].clone(),
+    })
 }
 
 fn stats_from_json(v: &serde_json::Value) -> Result<VolumeStats> {

@@ -21,20 +21,29 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let is_socket = std::fs::metadata(&a.path)
         .map(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
         .unwrap_or(false);
-    let stats: Vec<(String, VolumeStats)> = if is_socket {
-        super::serve::query_control(&a.path)
-            .with_context(|| format!("asking the server at {}", a.path.display()))?
+    let (stats, server): (Vec<(String, VolumeStats)>, Option<serde_json::Value>) = if is_socket {
+        let live = super::serve::query_control(&a.path)
+            .with_context(|| format!("asking the server at {}", a.path.display()))?;
+        (live.volumes, Some(live.server))
     } else {
         let vol = open_volume_read_only(&a.path)?;
-        vec![(a.path.display().to_string(), vol.stats())]
+        (vec![(a.path.display().to_string(), vol.stats())], None)
     };
     if a.json {
         if stats.len() == 1 && !is_socket {
             outln!("{}", serde_json::to_string_pretty(&stats[0].1)?);
         } else {
+            // One object per volume; from a server, each also carries the
+            // NBD server's counters (for all its exports) as "nbd_server".
             let m: serde_json::Map<String, serde_json::Value> = stats
                 .into_iter()
-                .map(|(k, v)| (k, serde_json::to_value(v).expect("stats serialise")))
+                .map(|(k, v)| {
+                    let mut o = serde_json::to_value(v).expect("stats serialise");
+                    if let (Some(srv), Some(obj)) = (&server, o.as_object_mut()) {
+                        obj.insert("nbd_server".into(), srv.clone());
+                    }
+                    (k, o)
+                })
                 .collect();
             outln!("{}", serde_json::to_string_pretty(&m)?);
         }
@@ -43,7 +52,36 @@ pub fn run(a: Args) -> Result<ExitCode> {
     for (name, st) in &stats {
         print_stats(name, st);
     }
+    if let Some(srv) = &server {
+        print_server(srv);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The NBD server's counters, from its control socket's answer.
+fn print_server(v: &serde_json::Value) {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let r = &v["requests"];
+    let q = |k: &str| r[k].as_u64().unwrap_or(0);
+    outln!(
+        "nbd server             {} connections open ({} in all), {} requests in flight, {} errors ({} protocol)",
+        n("connections_open"),
+        n("connections_total"),
+        n("requests_in_flight"),
+        n("errors"),
+        n("protocol_errors")
+    );
+    outln!(
+        "nbd requests           read {}, write {}, flush {}, trim {}, write_zeroes {}, block_status {}, disc {}, other {}",
+        q("read"),
+        q("write"),
+        q("flush"),
+        q("trim"),
+        q("write_zeroes"),
+        q("block_status"),
+        q("disc"),
+        q("other")
+    );
 }
 
 pub fn print_stats(name: &str, s: &VolumeStats) {

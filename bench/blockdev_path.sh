@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# bench/blockdev_path.sh — which way to a kernel block device on a squeeze volume is fastest
+# where the kernel has no nbd module (issue 18): a loop device on
+#   fuse      the server's own FUSE export (`squeeze serve --fuse-dir DIR`, a loop device on
+#             DIR/vol: one hop from the engine)
+#   nbdfuse   libnbd's nbdfuse on the server's NBD socket (a second process, an NBD round trip)
+#   plain     a sparse file on the same disk (no compression: the ceiling)
+# and fio on each loop device (libaio, O_DIRECT): 128 KiB sequential writes then reads at QD32,
+# 4 KiB random writes at QD32, W1's data (60% compressible per 4 KiB, refilled per I/O).
+#
+#   sudo bench/blockdev_path.sh                     # SIZE=2g, RUNTIME=20, REPS=1
+#   PATHS="fuse nbdfuse" REPS=3 sudo bench/blockdev_path.sh
+#
+# Per path and job: MB/s (IOPS for 4 KiB), and CPU seconds per GiB written, whole machine
+# (/proc/stat busy time) and the server's processes (squeeze serve, plus nbdfuse on that path,
+# from /proc/PID/stat). One table row per path and job on stdout; raw fio JSON under $OUT.
+# The measuring part holds `flock $BENCH_LOCK`. Needs root, fio, losetup, nbdfuse (for that
+# path), fusermount3.
+#
+# Env: PATHS ("fuse nbdfuse plain"), SIZE (2g), RUNTIME (20 s per job), REPS (1), OUT
+#      (/tmp/squeeze-blockdev.<time>), BENCH_LOCK (/tmp/bench.lock), BIN (a squeeze binary instead
+#      of building one), SQUEEZE_SERVE_ARGS.
+set -euo pipefail
+
+SQ_PROG=bench/blockdev_path.sh
+# shellcheck source=bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+PATHS=${PATHS:-fuse nbdfuse plain}
+SIZE=${SIZE:-2g}
+RUNTIME=${RUNTIME:-20}
+REPS=${REPS:-1}
+OUT=${OUT:-/tmp/squeeze-blockdev.$(date +%Y%m%d-%H%M%S)}
+LOCK=${BENCH_LOCK:-/tmp/bench.lock}
+
+[[ $(id -u) == 0 ]] || sq_die "run as root (loop devices, FUSE mounts)"
+for t in fio losetup flock python3 fusermount3; do
+  command -v "$t" >/dev/null || sq_die "missing $t (apt-get install fio util-linux python3 fuse3)"
+done
+[[ " $PATHS " != *" nbdfuse "* ]] || command -v nbdfuse >/dev/null \
+  || sq_die "missing nbdfuse (apt-get install nbdfuse), or leave it out of PATHS"
+if [[ -n ${BIN:-} ]]; then
+  [[ -x $BIN ]] || sq_die "BIN=$BIN is not an executable"
+else
+  sq_build
+fi
+mkdir -p "$OUT"
+sq_machine "$OUT/machine.txt" "$OUT"
+cat "$OUT/machine.txt" >&2
+
+SCR=$OUT/scratch
+PIDS=()
+LOOP=""
+cleanup() {
+  [[ -z $LOOP ]] || losetup -d "$LOOP" 2>/dev/null || true
+  LOOP=""
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  PIDS=()
+  for m in "$SCR/fuse" "$SCR/nbdfuse"; do
+    mountpoint -q "$m" 2>/dev/null && { fusermount3 -u "$m" 2>/dev/null || umount -l "$m" || true; }
+  done
+  rm -rf "$SCR"
+}
+trap cleanup EXIT
+
+wait_for() { # wait_for FILE
+  local i
+  for ((i = 0; i < 300; i++)); do [[ -e $1 ]] && return; sleep 0.1; done
+  sq_die "$1 never appeared"
+}
+
+setup() { # setup PATH: start what the path needs; sets LOOP, SERVER_PIDS
+  local path=$1 file
+  rm -rf "$SCR"; mkdir -p "$SCR"
+  case $path in
+    fuse)
+      # shellcheck disable=SC2086
+      "$BIN" serve --socket "$SCR/nbd.sock" --size 16G --fuse-dir "$SCR/fuse" \
+        ${SQUEEZE_SERVE_ARGS:-} "$SCR/vol.sqz" >"$OUT/$path.server.log" 2>&1 &
+      PIDS+=($!)
+      wait_for "$SCR/fuse/vol"
+      file=$SCR/fuse/vol ;;
+    nbdfuse)
+      # shellcheck disable=SC2086
+      "$BIN" serve --socket "$SCR/nbd.sock" --size 16G ${SQUEEZE_SERVE_ARGS:-} "$SCR/vol.sqz" \
+        >"$OUT/$path.server.log" 2>&1 &
+      PIDS+=($!)
+      wait_for "$SCR/nbd.sock"
+      mkdir -p "$SCR/nbdfuse"
+      nbdfuse "$SCR/nbdfuse/vol" "nbd+unix:///?socket=$SCR/nbd.sock" >"$OUT/$path.nbdfuse.log" 2>&1 &
+      PIDS+=($!)
+      wait_for "$SCR/nbdfuse/vol"
+      file=$SCR/nbdfuse/vol ;;
+    plain)
+      truncate -s 16G "$SCR/plain.img"
+      file=$SCR/plain.img ;;
+    *) sq_die "unknown path $path" ;;
+  esac
+  # Direct I/O on the loop device (as bench/pg_fillfactor.sh does): no page cache between the
+  # loop device and the file, so every path measures its own stack, not the host's memory.
+  LOOP=$(losetup -f --show --direct-io=on "$file")
+  [[ $(losetup -nl -O DIO "$LOOP" | tr -d " ") == 1 ]] || sq_log "$path: the loop device fell back to buffered I/O"
+}
+
+cpu_busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+proc_cpu() { # summed utime+stime ticks of the PIDs in PIDS
+  local t=0 p
+  for p in "${PIDS[@]}"; do
+    [[ -r /proc/$p/stat ]] && t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat")))
+  done
+  echo "$t"
+}
+
+job() { # job PATH NAME RW BS: one fio job on $LOOP, one result line
+  local path=$1 name=$2 rw=$3 bs=$4 tag b0 b1 p0 p1
+  tag=$OUT/r$rep-$path-$name
+  b0=$(cpu_busy); p0=$(proc_cpu)
+  fio --name="$name" --filename="$LOOP" --rw="$rw" --bs="$bs" --iodepth=32 --ioengine=libaio \
+    --direct=1 --size="$SIZE" --runtime="$RUNTIME" --time_based=0 --buffer_compress_percentage=60 \
+    --buffer_compress_chunk=4k --refill_buffers --randrepeat=1 --output-format=json >"$tag.json" \
+    2>"$tag.err" || sq_die "fio $name on $path failed: $(tail -n3 "$tag.err")"
+  b1=$(cpu_busy); p1=$(proc_cpu)
+  python3 - "$tag.json" "$path" "$name" "$((b1 - b0))" "$((p1 - p0))" "$(getconf CLK_TCK)" "$rep" <<'EOF'
+import json, sys
+path, tag, name, busy, proc, hz, rep = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
+t = open(path).read()
+j, _ = json.JSONDecoder().raw_decode(t[t.index("{"):])
+job = j["jobs"][0]
+side = job["read"] if job["read"]["io_bytes"] > job["write"]["io_bytes"] else job["write"]
+gib = side["io_bytes"] / 2**30
+print(f"{rep}\t{tag}\t{name}\t{side['bw_bytes'] / 1e6:.1f} MB/s\t{side['iops']:.0f} IOPS\t"
+      f"machine {busy / hz / gib:.2f} CPU s/GiB\tserver {proc / hz / gib:.2f} CPU s/GiB")
+EOF
+}
+
+exec 9>"$LOCK"
+sq_log "waiting for $LOCK"
+flock 9
+printf 'rep\tpath\tjob\tbandwidth\tIOPS\tmachine CPU\tserver CPU\n'
+for ((rep = 1; rep <= REPS; rep++)); do
+  for path in $PATHS; do
+    setup "$path"
+    job "$path" seqwrite-128k write 128k
+    job "$path" seqread-128k read 128k
+    job "$path" randwrite-4k randwrite 4k
+    cleanup
+  done
+done
+sq_log "raw output in $OUT"
