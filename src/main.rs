@@ -31,8 +31,12 @@ struct Cli {
 enum Command {
     /// Create a volume (thin: the logical size may exceed the free disk).
     Create(cmd::create::Args),
-    /// Change the compression policy for future writes.
+    /// Change the compression policy for future writes, or --max-physical
+    /// (a volume file, or a running server's control socket).
     Set(cmd::set::Args),
+    /// Change a volume's logical size (a volume file, or a running server's
+    /// control socket).
+    Resize(cmd::resize::Args),
     /// Show format version, uuid, settings and layout.
     Info(cmd::info::Args),
     /// Show space, compression and CPU statistics.
@@ -76,6 +80,7 @@ fn main() -> ExitCode {
     let res = match cli.command {
         Command::Create(a) => cmd::create::run(a),
         Command::Set(a) => cmd::set::run(a),
+        Command::Resize(a) => cmd::resize::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Stats(a) => cmd::stats::run(a),
         Command::Import(a) => cmd::import::run(a),

@@ -121,6 +121,13 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// Whether `path` is a Unix socket (a running server's control socket).
+pub fn is_socket(path: &std::path::Path) -> bool {
+    std::fs::metadata(path)
+        .map(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+        .unwrap_or(false)
+}
+
 /// Opens a volume file for reading and writing.
 ///
 /// Offline tools (import, compact, set) always write with the policy's

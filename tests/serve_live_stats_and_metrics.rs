@@ -79,6 +79,9 @@ fn stats_and_metrics_grow_while_serving() {
         "{m1}"
     );
     assert!(metric(&m1, "compression_ratio") > 1.0, "{m1}");
+    // No cap, so never low on space.
+    assert_eq!(metric(&m1, "space_low"), 0.0, "{m1}");
+    assert_eq!(metric(&m1, "physical_limit_bytes"), 0.0, "{m1}");
     let j = http_get(&addr, "/stats");
     assert!(j.starts_with("HTTP/1.0 200"), "{j}");
     assert!(j.contains("application/json"), "{j}");

@@ -38,14 +38,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "checkpoint_segments": sb.checkpoint.segments,
         "segments_in_file": st.segments_total,
         "segments_free": st.segments_free,
-        "policy": {
-            "algorithm": super::alg_name(p.codec, p.level),
-            "mode": p.mode.name(),
-            "required_ratio": f64::from(p.required_ratio_ppm) / 1e6,
-            "min_blob_size": p.min_blob,
-            "max_blob_size": p.max_blob,
-            "recompress": super::alg_name(p.recompress_codec, p.recompress_level),
-        }
+        "policy": super::policy_json(&p)
     });
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&info)?);

@@ -9,6 +9,7 @@ pub mod export;
 pub mod import;
 pub mod info;
 pub mod kv;
+pub mod resize;
 pub mod scan;
 pub mod serve;
 pub mod serve_fuse;
@@ -22,7 +23,8 @@ use anyhow::{bail, Result};
 use squeeze_engine::{Algorithm, CodecId, CompressionMode, Policy};
 
 /// Compression policy options (BlueStore's compression_* pool settings).
-#[derive(clap::Args, Debug, Default, Clone)]
+#[derive(clap::Args, Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PolicyArgs {
     /// compression_algorithm: lz4, zstd, snappy, deflate or none, with an
     /// optional level (zstd:3, deflate:6).
@@ -80,6 +82,18 @@ impl PolicyArgs {
         p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(p)
     }
+}
+
+/// A policy as `info --json` and the control socket show it.
+pub fn policy_json(p: &Policy) -> serde_json::Value {
+    serde_json::json!({
+        "algorithm": alg_name(p.codec, p.level),
+        "mode": p.mode.name(),
+        "required_ratio": f64::from(p.required_ratio_ppm) / 1e6,
+        "min_blob_size": p.min_blob,
+        "max_blob_size": p.max_blob,
+        "recompress": alg_name(p.recompress_codec, p.recompress_level),
+    })
 }
 
 /// "lz4", "zstd:3" for a codec and level.

@@ -394,6 +394,16 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 .spawn(move || metrics_loop(l, &devs, &srv, &stop))?,
         );
     }
+    {
+        // The low-space warning in the log, once per crossing each way.
+        let devs = stats_devices.clone();
+        let stop = stop.clone();
+        helpers.push(
+            std::thread::Builder::new()
+                .name("sqz-space".into())
+                .spawn(move || space_watch(&devs, &stop))?,
+        );
+    }
     drop(stats_devices);
     let fuse = match &a.fuse_dir {
         Some(dir) => Some(super::serve_fuse::FuseExport::mount(
@@ -623,6 +633,10 @@ fn server_json(s: &squeeze_nbd::ServerStats) -> serde_json::Value {
     })
 }
 
+/// The control socket, one client at a time: at most one request line
+/// of JSON (`docs/ARCHITECTURE.md`, "Control socket"), then one answer and
+/// the connection closes. No request (the client shuts its side, or sends
+/// nothing for 2 s) asks for the statistics.
 fn control_loop(
     l: UnixListener,
     devs: &[(String, Arc<VolumeDevice>)],
@@ -634,9 +648,153 @@ fn control_loop(
             return;
         }
         let Ok(mut c) = conn else { continue };
-        let body = stats_json(devs, srv);
+        let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+        let mut line = String::new();
+        let read = BufReader::new((&mut c).take(CONTROL_REQUEST_MAX)).read_line(&mut line);
+        let body = match read {
+            Ok(_) if line.trim().is_empty() => stats_json(devs, srv),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                stats_json(devs, srv)
+            }
+            Err(e) => serde_json::json!({ "error": format!("reading the request: {e}") }),
+            Ok(_) => match control_request(line.trim(), devs, srv) {
+                Ok(v) => v,
+                Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
+            },
+        };
         let _ = c.write_all(body.to_string().as_bytes());
     }
+}
+
+/// Logs a warning when a volume's free physical room falls under 10% of
+/// its cap (`VolumeStats::space_warning`), and a note when it is back above,
+/// checking every few seconds until `stop`.
+fn space_watch(devs: &[(String, Arc<VolumeDevice>)], stop: &AtomicBool) {
+    let mut low = vec![false; devs.len()];
+    while !stop.load(Ordering::SeqCst) {
+        for (i, (name, d)) in devs.iter().enumerate() {
+            let st = d.vol.stats();
+            match (&st.space_warning, low[i]) {
+                (Some(w), false) => {
+                    tracing::warn!(volume = %name, free = st.free_physical_bytes, "{w}");
+                    low[i] = true;
+                }
+                (None, true) => {
+                    tracing::info!(volume = %name, free = st.free_physical_bytes,
+                        "physical space is no longer low");
+                    low[i] = false;
+                }
+                _ => {}
+            }
+        }
+        for _ in 0..20 {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+    }
+}
+
+/// Longest request line the control socket reads.
+const CONTROL_REQUEST_MAX: u64 = 64 << 10;
+
+/// A control request: what a `squeeze set` or `squeeze resize` on the
+/// control socket sends.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ControlRequest {
+    /// "stats", "set" or "resize".
+    pub op: String,
+    /// The export to change; may be left out when the server has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    /// set: the policy options to change (as on the command line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<super::PolicyArgs>,
+    /// set: the new --max-physical in bytes (0 = none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_physical: Option<u64>,
+    /// resize: the new logical size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+}
+
+fn control_request(
+    line: &str,
+    devs: &[(String, Arc<VolumeDevice>)],
+    srv: &Server,
+) -> Result<serde_json::Value> {
+    let req: ControlRequest =
+        serde_json::from_str(line).context("a request is one line of JSON")?;
+    let pick = || -> Result<&(String, Arc<VolumeDevice>)> {
+        match &req.volume {
+            Some(n) => devs.iter().find(|(name, _)| name == n).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "no volume {n:?} here (volumes: {})",
+                    devs.iter()
+                        .map(|d| d.0.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }),
+            None if devs.len() == 1 => Ok(&devs[0]),
+            None => bail!("this server has several volumes: name one"),
+        }
+    };
+    match req.op.as_str() {
+        "stats" => Ok(stats_json(devs, srv)),
+        "set" => {
+            let (name, dev) = pick()?;
+            if req.policy.is_none() && req.max_physical.is_none() {
+                bail!("set: nothing to change");
+            }
+            if let Some(p) = &req.policy {
+                let policy = p.apply(dev.vol.policy())?;
+                dev.vol.set_policy(policy)?;
+            }
+            if let Some(m) = req.max_physical {
+                dev.vol.set_max_physical(m)?;
+            }
+            tracing::info!(volume = %name, "settings changed through the control socket");
+            Ok(serde_json::json!({
+                "ok": true,
+                "volume": name,
+                "policy": super::policy_json(&dev.vol.policy()),
+                "max_physical": dev.vol.superblock().max_physical,
+            }))
+        }
+        "resize" => {
+            let (name, dev) = pick()?;
+            let size = req.size.ok_or_else(|| anyhow::anyhow!("resize: no size"))?;
+            dev.vol.resize(size)?;
+            Ok(serde_json::json!({ "ok": true, "volume": name, "size": dev.vol.size() }))
+        }
+        op => bail!("unknown op {op:?}: use stats, set or resize"),
+    }
+}
+
+/// Sends `req` to a server's control socket and returns its answer; an
+/// `"error"` answer is an error.
+pub fn control_call(path: &Path, req: &ControlRequest) -> Result<serde_json::Value> {
+    let mut c = UnixStream::connect(path)?;
+    let mut line = serde_json::to_string(req)?;
+    line.push('\n');
+    c.write_all(line.as_bytes())?;
+    c.shutdown(std::net::Shutdown::Write)?;
+    let mut s = String::new();
+    c.read_to_string(&mut s)?;
+    let v: serde_json::Value =
+        serde_json::from_str(&s).context("malformed answer from the control socket")?;
+    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+        bail!("{e}");
+    }
+    Ok(v)
 }
 
 /// A running server's answer on its control socket.
@@ -650,10 +808,13 @@ pub struct LiveStats {
 
 /// Reads the live statistics from a server's control socket.
 pub fn query_control(path: &Path) -> Result<LiveStats> {
-    let mut c = UnixStream::connect(path)?;
-    let mut s = String::new();
-    c.read_to_string(&mut s)?;
-    let v: serde_json::Value = serde_json::from_str(&s)?;
+    let v = control_call(
+        path,
+        &ControlRequest {
+            op: "stats".into(),
+            ..Default::default()
+        },
+    )?;
     let vols = v["volumes"]
         .as_object()
         .ok_or_else(|| anyhow::anyhow!("malformed answer from the control socket"))?;
@@ -791,6 +952,18 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
         "Room left under the physical cap.",
         "gauge",
         |s: &VolumeStats| s.free_physical_bytes
+    );
+    m!(
+        "physical_limit_bytes",
+        "The --max-physical cap (0: none).",
+        "gauge",
+        |s: &VolumeStats| s.physical_limit_bytes
+    );
+    m!(
+        "space_low",
+        "1 while less than 10% of the physical cap is left (the alert rule in docs/OPERATIONS.md).",
+        "gauge",
+        |s: &VolumeStats| u64::from(s.space_warning.is_some())
     );
     m!(
         "compression_ratio",

@@ -1,33 +1,106 @@
-//! `squeeze set PATH [policy]`: change the policy for future writes (as
-//! `ceph osd pool set` does); data already written keeps its codec.
+//! `squeeze set PATH|SOCKET [--volume NAME] [policy] [--max-physical SIZE]`:
+//! change the policy for future writes (as `ceph osd pool set` does; data
+//! already written keeps its codec) and the cap on the backing file, on a
+//! volume file or, through its control socket, on a running server.
 
+use super::serve::{control_call, ControlRequest};
 use super::PolicyArgs;
-use crate::util::open_volume;
-use anyhow::Result;
+use crate::util::{human, is_socket, open_volume, parse_size};
+use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// A volume file, or a running server's control socket.
     pub path: PathBuf,
+    /// With a control socket: the export to change (needed when the server
+    /// serves several).
+    #[arg(long, value_name = "NAME")]
+    pub volume: Option<String>,
     #[command(flatten)]
     pub policy: PolicyArgs,
+    /// Cap on the backing file's allocated bytes (0 = none). Lowering it
+    /// below what the file uses is refused (compact first).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_physical: Option<u64>,
+}
+
+fn policy_given(p: &PolicyArgs) -> bool {
+    p.algorithm.is_some()
+        || p.mode.is_some()
+        || p.required_ratio.is_some()
+        || p.min_blob.is_some()
+        || p.max_blob.is_some()
+        || p.recompress.is_some()
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let vol = open_volume(&a.path, false)?;
-    let p = a.policy.apply(vol.policy())?;
-    vol.set_policy(p)?;
-    vol.close()?;
-    outln!(
-        "{}: algorithm {} mode {} required_ratio {} min_blob {} max_blob {} recompress {}",
-        a.path.display(),
-        super::alg_name(p.codec, p.level),
-        p.mode.name(),
-        f64::from(p.required_ratio_ppm) / 1e6,
-        p.min_blob,
-        p.max_blob,
-        super::alg_name(p.recompress_codec, p.recompress_level)
-    );
+    let policy_changes = policy_given(&a.policy);
+    if !policy_changes && a.max_physical.is_none() {
+        bail!(
+            "nothing to change: give policy options (--algorithm, --mode, ...) or --max-physical"
+        );
+    }
+    let (name, policy, max_physical) = if is_socket(&a.path) {
+        let v = control_call(
+            &a.path,
+            &ControlRequest {
+                op: "set".into(),
+                volume: a.volume.clone(),
+                policy: policy_changes.then(|| a.policy.clone()),
+                max_physical: a.max_physical,
+                ..Default::default()
+            },
+        )?;
+        let p = &v["policy"];
+        (
+            v["volume"].as_str().unwrap_or("?").to_string(),
+            format!(
+                "algorithm {} mode {} required_ratio {} min_blob {} max_blob {} recompress {}",
+                p["algorithm"].as_str().unwrap_or("?"),
+                p["mode"].as_str().unwrap_or("?"),
+                p["required_ratio"],
+                p["min_blob_size"],
+                p["max_blob_size"],
+                p["recompress"].as_str().unwrap_or("?")
+            ),
+            v["max_physical"].as_u64().unwrap_or(0),
+        )
+    } else {
+        if a.volume.is_some() {
+            bail!("--volume names an export of a running server: PATH is a volume file");
+        }
+        let vol = open_volume(&a.path, false)?;
+        if policy_changes {
+            let p = a.policy.apply(vol.policy())?;
+            vol.set_policy(p)?;
+        }
+        if let Some(m) = a.max_physical {
+            vol.set_max_physical(m)?;
+        }
+        let p = vol.policy();
+        let cap = vol.superblock().max_physical;
+        vol.close()?;
+        (
+            a.path.display().to_string(),
+            format!(
+                "algorithm {} mode {} required_ratio {} min_blob {} max_blob {} recompress {}",
+                super::alg_name(p.codec, p.level),
+                p.mode.name(),
+                f64::from(p.required_ratio_ppm) / 1e6,
+                p.min_blob,
+                p.max_blob,
+                super::alg_name(p.recompress_codec, p.recompress_level)
+            ),
+            cap,
+        )
+    };
+    let cap = if max_physical == 0 {
+        "none".to_string()
+    } else {
+        human(max_physical)
+    };
+    outln!("{name}: {policy} max_physical {cap}");
     Ok(ExitCode::SUCCESS)
 }

@@ -18,9 +18,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let is_socket = std::fs::metadata(&a.path)
-        .map(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
-        .unwrap_or(false);
+    let is_socket = crate::util::is_socket(&a.path);
     let (stats, server): (Vec<(String, VolumeStats)>, Option<serde_json::Value>) = if is_socket {
         let live = super::serve::query_control(&a.path)
             .with_context(|| format!("asking the server at {}", a.path.display()))?;

@@ -183,7 +183,9 @@ pub(crate) fn max_segments(sb: &Superblock) -> u32 {
 pub(crate) struct Inner {
     pub storage: Arc<dyn Storage>,
     pub uuid: [u8; 16],
-    pub logical_size: u64,
+    /// Bytes; changed only by `Volume::resize` (under the range lock of
+    /// the tail it gives up or adds).
+    pub logical_size: std::sync::atomic::AtomicU64,
     pub seg_size: u64,
     pub sb: Mutex<Superblock>,
     pub policy: RwLock<ActivePolicy>,
@@ -198,6 +200,8 @@ pub(crate) struct Inner {
     pub gate: RwLock<()>,
     pub sync_lock: Mutex<u64>,
     pub ckpt_lock: Mutex<()>,
+    /// One resize or cap change at a time.
+    pub resize_lock: Mutex<()>,
     pub ckpt_history: Mutex<CheckpointHistory>,
     pub opened: Mutex<OpenReport>,
     /// One cleaner at a time (background, foreground or compact).
@@ -240,17 +244,16 @@ impl Inner {
     }
 
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
-        if offset
-            .checked_add(len)
-            .is_none_or(|end| end > self.logical_size)
-        {
-            return Err(EngineError::OutOfRange {
-                offset,
-                len,
-                size: self.logical_size,
-            });
+        let size = self.size();
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(EngineError::OutOfRange { offset, len, size });
         }
         Ok(())
+    }
+
+    /// The logical size in force.
+    pub(crate) fn size(&self) -> u64 {
+        self.logical_size.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// A backing-store error met while changing the log or the space:

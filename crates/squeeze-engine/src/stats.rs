@@ -176,7 +176,7 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         )
     });
     VolumeStats {
-        logical_size: inner.logical_size,
+        logical_size: inner.size(),
         bytes_written: c.get(Counter::BytesWritten),
         bytes_read: c.get(Counter::BytesRead),
         mapped_bytes,

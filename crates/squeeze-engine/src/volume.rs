@@ -293,7 +293,7 @@ impl Volume {
         let inner = Arc::new(Inner {
             storage,
             uuid: sb.uuid,
-            logical_size: sb.logical_size,
+            logical_size: sb.logical_size.into(),
             seg_size: u64::from(sb.segment_size),
             policy: RwLock::new(ActivePolicy::with_adaptation(
                 sb.policy,
@@ -311,6 +311,7 @@ impl Volume {
             gate: RwLock::new(()),
             sync_lock: Mutex::new(0),
             ckpt_lock: Mutex::new(()),
+            resize_lock: Mutex::new(()),
             ckpt_history: Mutex::new(CheckpointHistory {
                 older_segments: Vec::new(),
                 prev_head_seq: u64::MAX,
@@ -367,7 +368,7 @@ impl Volume {
 
     /// Logical size in bytes.
     pub fn size(&self) -> u64 {
-        self.inner.logical_size
+        self.inner.size()
     }
 
     pub fn uuid(&self) -> [u8; 16] {
@@ -395,6 +396,105 @@ impl Volume {
         let mut active = self.inner.policy.write();
         let law = active.adapt.as_ref().map(|a| a.law());
         *active = ActivePolicy::with_adaptation(policy, law);
+        Ok(())
+    }
+
+    /// Changes the logical size to `new_size` bytes (a multiple of 4096),
+    /// on a volume in use as well: a larger size at once; a smaller one only
+    /// when nothing is mapped past it (else `Invalid`, naming the first
+    /// mapped byte there). Writes to the tail given up wait for the change
+    /// and then fail as out of range. Both superblock slots are rewritten,
+    /// so a torn write of one still opens the volume at the new size (a
+    /// record past the old size would be refused at the old one).
+    pub fn resize(&self, new_size: u64) -> Result<()> {
+        let _one = self.inner.resize_lock.lock();
+        if new_size == 0 || !new_size.is_multiple_of(SECTOR) {
+            return Err(EngineError::Invalid(format!(
+                "size {new_size}: must be a positive multiple of 4096"
+            )));
+        }
+        self.inner.writable()?;
+        // A format 1 volume's dense stream cannot describe a shrunk volume:
+        // its first checkpoint upgrades it.
+        if self.inner.sb.lock().version < FORMAT_VERSION {
+            checkpoint::write(&self.inner, false)?;
+        }
+        let old = self.size();
+        let (first, last) = (new_size.min(old) / SECTOR, new_size.max(old) / SECTOR);
+        // The tail given up (or added): no write runs there meanwhile.
+        let _range = self.inner.ranges.lock(first, last);
+        if new_size < old {
+            // Replay refuses a record that reaches past the end, so no
+            // record written before the shrink may be replayed after it: a
+            // checkpoint (a base) first, while the tail stays locked.
+            self.inner.ckpt_history.lock().need_base = true;
+            checkpoint::write(&self.inner, false)?;
+            let mut mapped = None;
+            self.inner.state.read().map.for_each_run(|r| {
+                if mapped.is_none() && r.end() > first {
+                    mapped = Some(r.lba.max(first));
+                }
+            });
+            if let Some(lba) = mapped {
+                return Err(EngineError::Invalid(format!(
+                    "cannot shrink to {new_size} bytes: byte {} and perhaps more past it \
+                     hold data (trim the tail first)",
+                    lba * SECTOR
+                )));
+            }
+        }
+        let mut sb = self.inner.sb.lock();
+        let mut next = sb.clone();
+        next.logical_size = new_size;
+        next.validate()
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        for _ in 0..2 {
+            sbio::write(&*self.inner.storage, &mut next).inspect_err(|e| self.inner.poison(e))?;
+        }
+        *sb = next;
+        self.inner
+            .logical_size
+            .store(new_size, std::sync::atomic::Ordering::Release);
+
+        tracing::info!(from = old, to = new_size, "volume resized");
+        Ok(())
+    }
+
+    /// Changes the cap on the backing file's allocated bytes
+    /// (`--max-physical`; 0 = none), on a volume in use as well. A lower
+    /// cap is refused while a segment past it is in use (clean or compact
+    /// first); segments past it that are free are forgotten. Both superblock
+    /// slots are rewritten, as for [`Volume::resize`].
+    pub fn set_max_physical(&self, bytes: u64) -> Result<()> {
+        let _one = self.inner.resize_lock.lock();
+        let seg = self.inner.seg_size;
+        if bytes != 0 && bytes < DATA_START + 4 * seg {
+            return Err(EngineError::Invalid(format!(
+                "max-physical {bytes}: at least 4 segments ({} bytes) are needed",
+                DATA_START + 4 * seg
+            )));
+        }
+        self.inner.writable()?;
+        let mut log = self.inner.log.lock();
+        let mut sb = self.inner.sb.lock();
+        let mut next = sb.clone();
+        next.max_physical = bytes;
+        next.validate()
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let cap = max_segments(&next);
+        if let Some(s) = log.table.first_used_from(cap) {
+            return Err(EngineError::Invalid(format!(
+                "cannot cap the backing file at {bytes} bytes: segment {s} (byte {}) past the \
+                 cap is in use (squeeze compact moves data down first)",
+                sb.segment_offset(s)
+            )));
+        }
+        for _ in 0..2 {
+            sbio::write(&*self.inner.storage, &mut next).inspect_err(|e| self.inner.poison(e))?;
+        }
+        log.table.set_cap(cap);
+        tracing::info!(from = sb.max_physical, to = bytes, "max-physical changed");
+        *sb = next;
         Ok(())
     }
 

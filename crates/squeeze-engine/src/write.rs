@@ -36,6 +36,8 @@ impl Inner {
         let first = offset / SECTOR;
         let last = (offset + data.len() as u64).div_ceil(SECTOR);
         let _range = self.ranges.lock(first, last);
+        // A resize may have given up this range while we waited for it.
+        self.check_range(offset, data.len() as u64)?;
         if offset.is_multiple_of(SECTOR) && data.len().is_multiple_of(SECTOR_SIZE) {
             self.write_sectors(first, data, shared, hint, zeros)?;
         } else {
@@ -129,6 +131,7 @@ impl Inner {
         }
         if last_full > first_full {
             let _range = self.ranges.lock(first_full, last_full);
+            self.check_range(offset, len)?;
             let mut items = Vec::new();
             let mut lba = first_full;
             while lba < last_full {

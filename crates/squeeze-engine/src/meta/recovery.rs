@@ -117,7 +117,7 @@ fn load_chain(
         let piece = piece.map_err(EngineError::Metadata)?;
         for run in piece.runs() {
             let run = run.map_err(EngineError::Metadata)?;
-            check_run(&run, sb.sectors(), seg_size, max_segs)?;
+            check_run(&run, seg_size, max_segs)?;
             match piece.header.kind {
                 PieceKind::Base => map.load_run(run),
                 PieceKind::Delta => map.apply_run(run),
@@ -203,19 +203,31 @@ fn check_entry(e: MapEntry, seg_size: u64, max_segs: u32) -> Result<()> {
     Ok(())
 }
 
-/// A run lies inside the volume and points into its segments.
-fn check_run(r: &MapRun, sectors: u64, seg_size: u64, max_segs: u32) -> Result<()> {
-    if r.end() > sectors {
-        return Err(bad_checkpoint(format!(
-            "run {}..{} beyond the volume's {sectors} sectors",
-            r.lba,
-            r.end()
-        )));
-    }
+/// A run points into the volume's segments. Whether it lies inside the
+/// volume is checked on the whole map once the chain is applied
+/// ([`check_inside`]): after a shrink (`Volume::resize`), runs of the chain
+/// from before it may lie past the new end, unmapped by a later piece.
+fn check_run(r: &MapRun, seg_size: u64, max_segs: u32) -> Result<()> {
     if r.first.is_mapped() {
         check_entry(r.first, seg_size, max_segs)?;
     }
     Ok(())
+}
+
+/// Nothing is mapped past the volume's end.
+fn check_inside(map: &SectorMap, sectors: u64) -> Result<()> {
+    let mut past = None;
+    map.for_each_run(|r| {
+        if past.is_none() && r.end() > sectors {
+            past = Some((r.lba, r.end()));
+        }
+    });
+    match past {
+        Some((lba, end)) => Err(bad_checkpoint(format!(
+            "run {lba}..{end} beyond the volume's {sectors} sectors"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Rebuilds the state from `sb`'s checkpoint and the log after it; `older`
@@ -239,6 +251,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
         load_chain(&stream, sb, &mut state.map)?
     };
     drop(stream);
+    check_inside(&state.map, sb.sectors())?;
     if ck.generation > sb.generation {
         return Err(bad_checkpoint(format!(
             "generation {} is newer than the superblock's {}",

@@ -132,7 +132,7 @@ pub(crate) fn worthwhile(inner: &Inner) -> bool {
 pub(crate) fn step(inner: &Inner, cursor: &mut Cursor) -> Result<(MergeReport, bool)> {
     let policy = inner.policy.read().clone();
     let w = u64::from(policy.max_blob_sectors());
-    let total = inner.logical_size / SECTOR_SIZE as u64;
+    let total = inner.size() / SECTOR_SIZE as u64;
     let mut rep = MergeReport::default();
     let next = inner.state.read().map.next_mapped(cursor.lba, total);
     let Some(first) = next else {
@@ -268,7 +268,7 @@ fn merge_span(
 /// Sweeps the whole volume once, merging every fragmented window.
 /// `progress(lba, total_sectors)`.
 pub(crate) fn merge_all(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Result<MergeReport> {
-    let total = inner.logical_size / SECTOR_SIZE as u64;
+    let total = inner.size() / SECTOR_SIZE as u64;
     let mut cursor = Cursor::default();
     let mut rep = MergeReport::default();
     loop {

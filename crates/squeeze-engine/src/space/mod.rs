@@ -83,6 +83,22 @@ impl SegmentTable {
         })
     }
 
+    /// The first segment from `from` on that is in use, if any.
+    pub fn first_used_from(&self, from: SegmentId) -> Option<SegmentId> {
+        (from..self.len()).find(|&s| self.state(s) != SegState::Free)
+    }
+
+    /// Changes the cap; segments past a lower one must all be free
+    /// ([`SegmentTable::first_used_from`]): they are forgotten.
+    pub fn set_cap(&mut self, max_segments: u32) {
+        debug_assert!(self.first_used_from(max_segments).is_none());
+        if self.states.len() > max_segments as usize {
+            self.states.truncate(max_segments as usize);
+            self.free.retain(|&s| s < max_segments);
+        }
+        self.max_segments = max_segments;
+    }
+
     /// Segments in use (not free).
     pub fn used(&self) -> u32 {
         self.states.len() as u32 - self.free.len() as u32
