@@ -14,6 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// The tests take loop devices one at a time: `losetup -f` picks the first
+/// free device, and two picking at once may race for it.
+static LOOPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Whether this machine can run the test (root, /dev/fuse, the tools).
 fn can_run() -> bool {
     // SAFETY: geteuid cannot fail.
@@ -116,6 +120,7 @@ fn ext4_and_fio_on_a_loop_device_over_the_fuse_export() {
     if !can_run() {
         return;
     }
+    let _one = LOOPS.lock().unwrap_or_else(|e| e.into_inner());
     let w = Workdir::new();
     w.create("1G", &[]);
     let fuse = w.path("fuse");
@@ -211,6 +216,7 @@ fn a_killed_server_leaves_a_dead_mount_the_next_one_replaces() {
     if !can_run() {
         return;
     }
+    let _one = LOOPS.lock().unwrap_or_else(|e| e.into_inner());
     let w = Workdir::new();
     w.create("256M", &[]);
     let fuse = w.path("fuse");
