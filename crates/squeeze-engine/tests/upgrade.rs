@@ -32,7 +32,8 @@ fn open_behind(s: &Arc<SimStorage>, background: bool) -> Volume {
 fn create(s: &Arc<SimStorage>, size: usize) {
     let mut o = small_opts(size as u64);
     // Segments of many 128 KiB blobs: with 512 KiB ones, a segment of raw
-    // blobs is at most 75% full and the cleaner would take it for garbage.
+    // blobs is at most 75% full, and when free segments run short the
+    // cleaner takes its tail for garbage.
     o.segment_size = 2 << 20;
     o.policy = default_policy(); // zstd:3
     Volume::create(s.clone(), &o).unwrap().close().unwrap();

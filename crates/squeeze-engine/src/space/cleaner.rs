@@ -133,20 +133,43 @@ pub(crate) fn garbage(inner: &Inner) -> (u64, u64) {
     (total.saturating_sub(live), total)
 }
 
+/// The largest record the log holds (a max-size blob stored raw, with its
+/// header): a sealed segment's unused tail is always shorter, since the
+/// next record did not fit there.
+fn max_record_len() -> u64 {
+    squeeze_format::align_record(
+        (squeeze_format::RECORD_HEADER_SIZE
+            + squeeze_format::MAX_BLOB_SECTORS as usize * squeeze_format::SECTOR_SIZE)
+            as u64,
+    )
+}
+
 /// The best victim by cost-benefit among sealed segments opened before
-/// `opened_before`, holding live data below `max_live` of a segment.
+/// `opened_before`, holding live data below `max_live` of a segment and,
+/// with `tail_is_not_garbage`, more dead bytes than the longest record:
+/// a segment's bytes that are not live include the tail no record fitted
+/// in, and a segment full of 128 KiB raw blobs is only 75% live in 512 KiB
+/// segments; cleaning it writes the same blobs into a new segment as full,
+/// again and again, for nothing (issue 16).
 pub(crate) fn pick_victim(
     inner: &Inner,
     max_live: f64,
     opened_before: u64,
     exclude: &[SegmentId],
+    tail_is_not_garbage: bool,
 ) -> Option<SegmentId> {
     let (segs, next_seq) = sealed(inner);
+    let min_dead = if tail_is_not_garbage {
+        max_record_len()
+    } else {
+        0
+    };
     segs.into_iter()
         .filter(|&(s, opened, live, sectors)| {
             sectors > 0
                 && opened < opened_before
                 && (live as f64) < max_live * inner.seg_size as f64
+                && inner.seg_size.saturating_sub(live) > min_dead
                 && !exclude.contains(&s)
         })
         .map(|(s, opened, live, _)| {
@@ -460,7 +483,7 @@ pub(crate) fn make_room(inner: &Inner) -> Result<()> {
     if !checkpoint::reclaimable(inner) {
         let mut done = Vec::new();
         for _ in 0..8 {
-            let Some(v) = pick_victim(inner, VICTIM_LIVE_MAX_TIGHT, u64::MAX, &done) else {
+            let Some(v) = pick_victim(inner, VICTIM_LIVE_MAX_TIGHT, u64::MAX, &done, false) else {
                 break;
             };
             clean_segment(inner, v)?;
@@ -509,7 +532,9 @@ fn pass(inner: &Inner, start: f64, max_live: f64) -> Result<Option<CleanReport>>
     } else {
         return Ok(None);
     };
-    match pick_victim(inner, max_live, u64::MAX, &[]) {
+    // Short of free segments, every dead byte counts (several tails may
+    // add up to a segment); otherwise a victim must hold more than a tail.
+    match pick_victim(inner, max_live, u64::MAX, &[], !tight) {
         Some(v) => clean_segment(inner, v).map(Some),
         None => Ok(None),
     }
@@ -571,7 +596,7 @@ pub(crate) fn compact(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Resu
             progress(rep.victims, total);
         }
     }
-    while let Some(v) = pick_victim(inner, 1.0 - 1e-9, start_seq, &done) {
+    while let Some(v) = pick_victim(inner, 1.0 - 1e-9, start_seq, &done, false) {
         let r = clean_segment(inner, v)?;
         rep.add(&r);
         done.push(v);
