@@ -39,11 +39,7 @@ for t in fio losetup flock python3 fusermount3; do
 done
 [[ " $PATHS " != *" nbdfuse "* ]] || command -v nbdfuse >/dev/null \
   || sq_die "missing nbdfuse (apt-get install nbdfuse), or leave it out of PATHS"
-if [[ -n ${BIN:-} ]]; then
-  [[ -x $BIN ]] || sq_die "BIN=$BIN is not an executable"
-else
-  sq_build
-fi
+sq_bin
 mkdir -p "$OUT"
 sq_machine "$OUT/machine.txt" "$OUT"
 cat "$OUT/machine.txt" >&2

@@ -53,6 +53,15 @@ sq_build() {
   export BIN
 }
 
+sq_bin() { # BIN if the caller set it (an executable, exported), else sq_build's
+  if [[ -n ${BIN:-} ]]; then
+    [[ -x $BIN ]] || sq_die "BIN=$BIN is not an executable"
+    export BIN
+  else
+    sq_build
+  fi
+}
+
 sq_machine() { # sq_machine FILE [SCRATCH_DIR]: machine facts, one "key: value" a line
   local file=$1 scratch=${2:-${SCRATCH_BASE:-/tmp}} dirty=""
   git -C "$SQ_ROOT" diff --quiet HEAD -- crates src Cargo.toml Cargo.lock 2>/dev/null \

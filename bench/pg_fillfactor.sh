@@ -125,12 +125,7 @@ need_tools() {
 
 if [[ -z ${PG_BENCH_LOCKED:-} ]]; then
   need_tools
-  if [[ -n ${BIN:-} ]]; then
-    [[ -x $BIN ]] || sq_die "BIN=$BIN is not an executable"
-    export BIN
-  else
-    sq_build
-  fi
+  sq_bin
   sq_log "waiting for $BENCH_LOCK"
   PG_BENCH_LOCKED=1 exec flock "$BENCH_LOCK" "$SQ_ROOT/bench/pg_fillfactor.sh" "$@"
 fi

@@ -33,11 +33,7 @@ LOCK=${BENCH_LOCK:-/tmp/bench.lock}
 
 for t in fio flock python3; do command -v "$t" >/dev/null || sq_die "missing $t"; done
 fio --enghelp 2>/dev/null | grep -qw nbd || sq_die "this fio has no nbd engine (Debian's fio has it)"
-if [[ -n ${BIN:-} ]]; then
-  [[ -x $BIN ]] || sq_die "BIN=$BIN is not an executable"
-else
-  sq_build
-fi
+sq_bin
 mkdir -p "$OUT"
 sq_machine "$OUT/machine.txt" "$OUT"
 cat "$OUT/machine.txt" >&2

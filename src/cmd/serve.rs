@@ -961,7 +961,7 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
     );
     m!(
         "space_low",
-        "1 while less than 10% of the physical cap is left (the alert rule in docs/OPERATIONS.md).",
+        "1 while less than 10% of the physical cap is left (the alert rule in docs/CEPH.md).",
         "gauge",
         |s: &VolumeStats| u64::from(s.space_warning.is_some())
     );

@@ -124,6 +124,14 @@ impl VolumeFs {
         }
     }
 
+    /// Makes everything written to `ino`'s volume durable, then answers.
+    fn flush_volume(&self, ino: INodeNo, reply: ReplyEmpty) {
+        match self.with_volume(ino, |dev| dev.vol.flush().map_err(|e| errno(&e.into_io()))) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn root_attr(&self) -> FileAttr {
         FileAttr {
             ino: INodeNo::ROOT,
@@ -293,10 +301,7 @@ impl Filesystem for VolumeFs {
     ) {
         // Each close(): what the closer wrote is durable after it, as for
         // a file on a local file system after fsync.
-        match self.with_volume(ino, |dev| dev.vol.flush().map_err(|e| errno(&e.into_io()))) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.flush_volume(ino, reply);
     }
 
     fn fsync(
@@ -307,10 +312,7 @@ impl Filesystem for VolumeFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.with_volume(ino, |dev| dev.vol.flush().map_err(|e| errno(&e.into_io()))) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.flush_volume(ino, reply);
     }
 
     fn fallocate(

@@ -42,7 +42,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "nothing to change: give policy options (--algorithm, --mode, ...) or --max-physical"
         );
     }
-    let (name, policy, max_physical) = if is_socket(&a.path) {
+    // (volume, policy as `policy_json` shows it, max_physical)
+    let (name, p, max_physical) = if is_socket(&a.path) {
         let v = control_call(
             &a.path,
             &ControlRequest {
@@ -53,18 +54,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 ..Default::default()
             },
         )?;
-        let p = &v["policy"];
         (
             v["volume"].as_str().unwrap_or("?").to_string(),
-            format!(
-                "algorithm {} mode {} required_ratio {} min_blob {} max_blob {} recompress {}",
-                p["algorithm"].as_str().unwrap_or("?"),
-                p["mode"].as_str().unwrap_or("?"),
-                p["required_ratio"],
-                p["min_blob_size"],
-                p["max_blob_size"],
-                p["recompress"].as_str().unwrap_or("?")
-            ),
+            v["policy"].clone(),
             v["max_physical"].as_u64().unwrap_or(0),
         )
     } else {
@@ -79,23 +71,20 @@ pub fn run(a: Args) -> Result<ExitCode> {
         if let Some(m) = a.max_physical {
             vol.set_max_physical(m)?;
         }
-        let p = vol.policy();
+        let p = super::policy_json(&vol.policy());
         let cap = vol.superblock().max_physical;
         vol.close()?;
-        (
-            a.path.display().to_string(),
-            format!(
-                "algorithm {} mode {} required_ratio {} min_blob {} max_blob {} recompress {}",
-                super::alg_name(p.codec, p.level),
-                p.mode.name(),
-                f64::from(p.required_ratio_ppm) / 1e6,
-                p.min_blob,
-                p.max_blob,
-                super::alg_name(p.recompress_codec, p.recompress_level)
-            ),
-            cap,
-        )
+        (a.path.display().to_string(), p, cap)
     };
+    let policy = format!(
+        "algorithm {} mode {} required_ratio {} min_blob {} max_blob {} recompress {}",
+        p["algorithm"].as_str().unwrap_or("?"),
+        p["mode"].as_str().unwrap_or("?"),
+        p["required_ratio"],
+        p["min_blob_size"],
+        p["max_blob_size"],
+        p["recompress"].as_str().unwrap_or("?")
+    );
     let cap = if max_physical == 0 {
         "none".to_string()
     } else {

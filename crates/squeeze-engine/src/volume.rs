@@ -414,27 +414,12 @@ impl Volume {
             )));
         }
         self.inner.writable()?;
-        // A format 1 volume's dense stream cannot describe a shrunk volume:
-        // its first checkpoint upgrades it.
-        if self.inner.sb.lock().version < FORMAT_VERSION {
-            checkpoint::write(&self.inner, false)?;
-        }
         let old = self.size();
         let (first, last) = (new_size.min(old) / SECTOR, new_size.max(old) / SECTOR);
         // The tail given up (or added): no write runs there meanwhile.
         let _range = self.inner.ranges.lock(first, last);
         if new_size < old {
-            // Replay refuses a record that reaches past the end, so no
-            // record written before the shrink may be replayed after it: a
-            // checkpoint (a base) first, while the tail stays locked.
-            self.inner.ckpt_history.lock().need_base = true;
-            checkpoint::write(&self.inner, false)?;
-            let mut mapped = None;
-            self.inner.state.read().map.for_each_run(|r| {
-                if mapped.is_none() && r.end() > first {
-                    mapped = Some(r.lba.max(first));
-                }
-            });
+            let mapped = self.inner.state.read().map.next_mapped(first, u64::MAX);
             if let Some(lba) = mapped {
                 return Err(EngineError::Invalid(format!(
                     "cannot shrink to {new_size} bytes: byte {} and perhaps more past it \
@@ -442,6 +427,13 @@ impl Volume {
                     lba * SECTOR
                 )));
             }
+            // Replay refuses a record that reaches past the end, so no
+            // record written before the shrink may be replayed after it: a
+            // checkpoint (a base, which also upgrades a format 1 volume
+            // whose dense stream could not describe the smaller size) first,
+            // while the tail stays locked.
+            self.inner.ckpt_history.lock().need_base = true;
+            checkpoint::write(&self.inner, false)?;
         }
         let mut sb = self.inner.sb.lock();
         let mut next = sb.clone();

@@ -198,8 +198,13 @@ impl Inner {
 fn atomic_split(chunk: &[u8], lba: u64, max_blob: u32, zeros: Zeros) -> Vec<Piece> {
     let pieces = split(chunk, lba, max_blob, zeros);
     let mixed = pieces.len() > 1 && pieces.iter().any(|p| matches!(p, Piece::Data { .. }));
-    if mixed && chunk.len() / SECTOR_SIZE <= max_blob as usize {
-        split(chunk, lba, max_blob, Zeros::Store)
+    let sectors = chunk.len() / SECTOR_SIZE;
+    if mixed && sectors <= max_blob as usize {
+        vec![Piece::Data {
+            lba,
+            sectors: sectors as u32,
+            start: 0,
+        }]
     } else {
         pieces
     }

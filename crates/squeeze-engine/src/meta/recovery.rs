@@ -216,15 +216,9 @@ fn check_run(r: &MapRun, seg_size: u64, max_segs: u32) -> Result<()> {
 
 /// Nothing is mapped past the volume's end.
 fn check_inside(map: &SectorMap, sectors: u64) -> Result<()> {
-    let mut past = None;
-    map.for_each_run(|r| {
-        if past.is_none() && r.end() > sectors {
-            past = Some((r.lba, r.end()));
-        }
-    });
-    match past {
-        Some((lba, end)) => Err(bad_checkpoint(format!(
-            "run {lba}..{end} beyond the volume's {sectors} sectors"
+    match map.next_mapped(sectors, u64::MAX) {
+        Some(lba) => Err(bad_checkpoint(format!(
+            "sector {lba} mapped beyond the volume's {sectors} sectors"
         ))),
         None => Ok(()),
     }
