@@ -36,6 +36,9 @@
 #   --seed N              seed of fsx (-S) and fsstress (-s) (default 1)
 #   --time-limit S        wall-clock cap of the workload in seconds (default 1800)
 #   --label NAME          name of the row in the output (default: the binary's file name)
+#   --settle S            after the device is detached, leave the server idle S seconds before
+#                         reading its counters (default 0), so that what the idle cleaner does
+#                         (its copies, and the space they give back) is in the figures
 #   --out DIR             where results go (default /var/tmp/squeeze-fs-wa.<time>); the work
 #                         directory (volume, sockets, mounts) is DIR/work
 #
@@ -71,6 +74,7 @@ FSS_PROCS=4
 SEED=1
 TIME_LIMIT=1800
 LABEL=""
+SETTLE=0
 OUT=""
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
@@ -85,6 +89,7 @@ while (($#)); do
     --seed) SEED=$2; shift 2 ;;
     --time-limit) TIME_LIMIT=$2; TIME_SET=1; shift 2 ;;
     --label) LABEL=$2; shift 2 ;;
+    --settle) SETTLE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) sq_die "unknown option $1 (--help)" ;;
@@ -217,7 +222,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-CMD="$0 --bin $BIN --size $SIZE --fsx-ops $FSX_OPS --fsx-args \"$FSX_ARGS\" --fsstress-ops $FSS_OPS --fsstress-procs $FSS_PROCS --seed $SEED --time-limit $TIME_LIMIT"
+CMD="$0 --bin $BIN --size $SIZE --fsx-ops $FSX_OPS --fsx-args \"$FSX_ARGS\" --fsstress-ops $FSS_OPS --fsstress-procs $FSS_PROCS --seed $SEED --time-limit $TIME_LIMIT --settle $SETTLE${SQUEEZE_SERVE_ARGS:+ (SQUEEZE_SERVE_ARGS=$SQUEEZE_SERVE_ARGS)}"
 echo "$CMD" >"$OUT/cmd.txt"
 sq_machine "$OUT/machine.txt" "$WORK"
 echo "xfstests: $(cat "$XFSTESTS_CACHE/bin/SOURCE" 2>/dev/null || echo '?')" >>"$OUT/machine.txt"
@@ -225,7 +230,7 @@ echo "xfstests: $(cat "$XFSTESTS_CACHE/bin/SOURCE" 2>/dev/null || echo '?')" >>"
 # --- volume, server, block device, file system -----------------------------------------------------
 VOL=$WORK/vol.sqz
 "$BIN" create --size "$SIZE" "$VOL" >&2
-"$BIN" serve --socket "$WORK/nbd.sock" --control "$WORK/ctl.sock" "$VOL" >"$OUT/serve.log" 2>&1 &
+"$BIN" serve --socket "$WORK/nbd.sock" --control "$WORK/ctl.sock" ${SQUEEZE_SERVE_ARGS:-} "$VOL" >"$OUT/serve.log" 2>&1 &
 SERVE_PID=$!
 for _ in $(seq 100); do [[ -S $WORK/nbd.sock && -S $WORK/ctl.sock ]] && break; sleep 0.1; done
 [[ -S $WORK/nbd.sock ]] || sq_die "squeeze serve did not come up: $(tail -5 "$OUT/serve.log")"
@@ -275,6 +280,10 @@ fi
 ((fsck_rc != 0)) && failed+=" e2fsck(exit $fsck_rc)"
 
 # --- counters ---------------------------------------------------------------------------------
+if ((SETTLE > 0)); then
+  sq_log "leaving the server idle for ${SETTLE}s"
+  sleep "$SETTLE"
+fi
 "$BIN" stats --json "$WORK/ctl.sock" >"$OUT/stats.json"
 kill -TERM "$SERVE_PID"
 wait "$SERVE_PID" || sq_log "squeeze serve exited with status $? (see $OUT/serve.log)"
@@ -303,7 +312,9 @@ res = {
     "device_bytes_per_client_byte": (log + ckpt) / client if client else 0.0,
 }
 for k in ("checkpoint_base_bytes", "checkpoint_delta_bytes", "checkpoint_deltas", "open_seconds",
-          "merge_bytes_written", "cleaner_bytes_moved", "compression_ratio", "mapped_bytes"):
+          "merge_bytes_written", "cleaner_bytes_moved", "compression_ratio", "mapped_bytes",
+          "stored_bytes", "physical_bytes", "allocated_bytes", "garbage_bytes",
+          "cleaner_over_budget_bytes", "cleaner_idle_bytes", "cleaner_space_bytes"):
     if k in s:
         res[k] = s[k]
 if "open_seconds" in r:
@@ -311,12 +322,15 @@ if "open_seconds" in r:
     res["reopen_replayed_records"] = r.get("open_replayed_records")
 json.dump(res, open(f"{out}/result.json", "w"), indent=2)
 opt = lambda k, f: f(res[k]) if k in res else "n/a"
-print("| binary | seconds | client GiB | log GiB | cleaner GiB | checkpoint GiB | checkpoints | WA (squeeze) | (log+ckpt)/client | ckpt base GiB | ckpt delta GiB | deltas | reopen s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| binary | seconds | client GiB | log GiB | cleaner GiB | checkpoint GiB | checkpoints | WA (squeeze) | (log+ckpt)/client | ckpt base GiB | ckpt delta GiB | deltas | reopen s | cleaner busy / idle / short of room GiB | stored / allocated MiB at the end |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+mib = lambda k: f"{res[k] / 2**20:.0f}" if k in res else "n/a"
+why = " / ".join(opt(k, lambda v: f"{gib(v):.2f}") for k in ("cleaner_over_budget_bytes", "cleaner_idle_bytes", "cleaner_space_bytes"))
 print(f"| {label} | {res['seconds']} | {gib(client):.2f} | {gib(log):.2f} | {opt('cleaner_bytes_moved', lambda v: f'{gib(v):.2f}')} | {gib(ckpt):.2f} | {res['checkpoints']} "
       f"| {res['write_amplification']:.2f} | {res['device_bytes_per_client_byte']:.2f} "
       f"| {opt('checkpoint_base_bytes', lambda v: f'{gib(v):.3f}')} | {opt('checkpoint_delta_bytes', lambda v: f'{gib(v):.3f}')} "
-      f"| {opt('checkpoint_deltas', str)} | {opt('reopen_open_seconds', lambda v: f'{v:.3f}')} |")
+      f"| {opt('checkpoint_deltas', str)} | {opt('reopen_open_seconds', lambda v: f'{v:.3f}')} "
+      f"| {why} | {mib('stored_bytes')} / {mib('allocated_bytes')} |")
 EOF
 
 if [[ -n $failed ]]; then

@@ -154,3 +154,20 @@ fn set_and_resize_on_a_volume_file() {
     assert!(e.contains("--volume"), "{e}");
     run(squeeze().arg("check").arg(v));
 }
+
+/// `serve --gc-budget` outside 15-60% or not a number is refused before
+/// anything is created, with the range named.
+#[test]
+fn a_garbage_budget_out_of_range_is_refused() {
+    let w = Workdir::new();
+    let v = w.path("never.sqz");
+    let v = v.to_str().unwrap();
+    for bad in ["70", "10%", "x"] {
+        let e = squeeze_err(&["serve", "--socket", "/nonexistent/s", "--gc-budget", bad, v]);
+        assert!(e.contains("--gc-budget"), "{bad}: {e}");
+        if bad != "x" {
+            assert!(e.contains("15%..=60%"), "{bad}: {e}");
+        }
+    }
+    assert!(!std::path::Path::new(v).exists());
+}

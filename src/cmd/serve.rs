@@ -88,6 +88,12 @@ pub struct Args {
     /// (`squeeze-torture --saturated-engine`).
     #[arg(long, hide = true, conflicts_with = "no_adapt")]
     pub simulate_saturated_engine: bool,
+    /// Share of the sealed log, in percent (15-60), that dead bytes may
+    /// reach before the cleaner copies while clients write: more saves
+    /// device writes (write amplification) at the cost of space, and is
+    /// spent only from free room (docs/ARCHITECTURE.md, "Cleaner policy").
+    #[arg(long, value_name = "PERCENT", default_value_t = 50.0, value_parser = parse_gc)]
+    pub gc_budget: f64,
     /// Server certificate chain (PEM, leaf first) for TLS (NBD_OPT_STARTTLS).
     /// With --tls-key; TLS is then required unless --tls-mode allow.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -120,6 +126,15 @@ pub enum TlsModeArg {
     Off,
     Allow,
     Require,
+}
+
+fn parse_gc(s: &str) -> Result<f64, String> {
+    let p: f64 = s
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|e| format!("{s:?} is not a percentage: {e}"))?;
+    squeeze_engine::GcPolicy::with_budget(p / 100.0)?;
+    Ok(p)
 }
 
 fn parse_net(s: &str) -> Result<IpNet, String> {
@@ -266,6 +281,9 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
                 no_idle_merge: a.no_idle_merge,
                 no_adapt: a.no_adapt,
                 engine: a.simulate_saturated_engine.then(saturated_engine),
+                gc: Some(squeeze_engine::GcPolicy {
+                    garbage_budget: a.gc_budget / 100.0,
+                }),
                 ..Default::default()
             },
         )
@@ -1006,6 +1024,30 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
         "Dead bytes in sealed log segments (what cleaning can reclaim).",
         "gauge",
         |s: &VolumeStats| s.garbage_bytes
+    );
+    m!(
+        "garbage_budget_ratio",
+        "Share of the sealed log dead bytes may reach before the cleaner copies (the budget in force).",
+        "gauge",
+        |s: &VolumeStats| s.garbage_budget
+    );
+    m!(
+        "cleaner_over_budget_bytes_total",
+        "Record bytes the cleaner relocated because dead bytes exceeded the garbage budget.",
+        "counter",
+        |s: &VolumeStats| s.cleaner_over_budget_bytes
+    );
+    m!(
+        "cleaner_idle_bytes_total",
+        "Record bytes the cleaner relocated while clients were idle, under the budget.",
+        "counter",
+        |s: &VolumeStats| s.cleaner_idle_bytes
+    );
+    m!(
+        "cleaner_short_of_room_bytes_total",
+        "Record bytes the cleaner relocated because free segments ran short.",
+        "counter",
+        |s: &VolumeStats| s.cleaner_space_bytes
     );
     m!(
         "merged_bytes_total",

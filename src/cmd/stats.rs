@@ -150,9 +150,13 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         human(s.segment_size)
     );
     outln!(
-        "cleaner                {} garbage, {} moved, {} blobs recompressed",
+        "cleaner                {} garbage (budget {:.0}%), {} moved ({} over the budget, {} idle, {} short of room), {} blobs recompressed",
         human(s.garbage_bytes),
+        s.garbage_budget * 100.0,
         human(s.cleaner_bytes_moved),
+        human(s.cleaner_over_budget_bytes),
+        human(s.cleaner_idle_bytes),
+        human(s.cleaner_space_bytes),
         s.recompressed_blobs
     );
     outln!(

@@ -48,13 +48,23 @@ counters! {
     BelowTargetBytes = 28, "Raw bytes of client blobs written with a faster codec than the policy's (the adaptive codec under load).";
     UpgradedBytes = 29, "Raw bytes the upgrade rewrote with the policy's codec.";
     UpgradeNs = 30, "Wall-clock nanoseconds the upgrade spent.";
+    CleanerOverBudgetBytes = 31, "Record bytes the cleaner relocated because dead bytes exceeded the garbage budget.";
+    CleanerIdleBytes = 32, "Record bytes the cleaner relocated while clients were idle, under the budget.";
+    CleanerSpaceBytes = 33, "Record bytes the cleaner relocated because free segments ran short (a write waiting for room, or fewer than 8 free).";
 }
 
-pub const COUNTERS: usize = 31;
+pub const COUNTERS: usize = 34;
 
-#[derive(Default)]
 pub struct Counters {
     v: [AtomicU64; COUNTERS],
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            v: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
 }
 
 impl Counters {

@@ -36,7 +36,7 @@ pub(crate) mod write;
 
 pub use error::{EngineError, Result};
 pub use pipeline::policy::Hint;
-pub use space::cleaner::CleanReport;
+pub use space::cleaner::{CleanReport, GcPolicy, GARBAGE_BUDGET_MIN};
 pub use space::merge::MergeReport;
 pub use squeeze_codec::{Algorithm, CompressEngine, CpuPool};
 pub use squeeze_format::{CodecId, CompressionMode, Policy, SECTOR_SIZE};

@@ -36,15 +36,28 @@ struct MergeState {
     settled: Option<u64>,
 }
 
+impl MergeState {
+    /// The cleaner rewrote the live runs of partly live records apart, which
+    /// may have fragmented their windows again: the merger sweeps once more.
+    fn cleaned(&mut self, rep: &crate::space::cleaner::CleanReport) {
+        if rep.partial_records > 0 {
+            self.settled = None;
+        }
+    }
+}
+
 /// One step of work while clients are idle; false when there is none left.
 fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
     use crate::space::{cleaner, merge};
     // Merging turns the records it replaces into garbage: collect it first
     // once there is as much as the busy cleaner would start at.
     let (dead, total) = cleaner::garbage(inner);
-    if total > 0 && dead as f64 > cleaner::GARBAGE_FRACTION_START * total as f64 {
+    if total > 0 && dead as f64 > cleaner::budget(inner, total) * total as f64 {
         match cleaner::background_pass(inner) {
-            Ok(Some(_)) => return true,
+            Ok(Some(rep)) => {
+                ms.cleaned(&rep);
+                return true;
+            }
             Ok(None) => {}
             Err(e) => {
                 tracing::warn!("cleaner pass failed: {e}");
@@ -79,7 +92,11 @@ fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
         Err(e) => tracing::info!("upgrade stopped: {e}"),
     }
     match cleaner::idle_pass(inner) {
-        Ok(r) => r.is_some(),
+        Ok(Some(rep)) => {
+            ms.cleaned(&rep);
+            true
+        }
+        Ok(None) => false,
         Err(e) => {
             tracing::warn!("cleaner pass failed: {e}");
             false

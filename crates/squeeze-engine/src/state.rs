@@ -215,6 +215,8 @@ pub(crate) struct Inner {
     pub read_only: bool,
     /// The maintenance thread merges fragmented windows when clients idle.
     pub idle_merge: bool,
+    /// When the cleaner works (space for write amplification).
+    pub gc: crate::space::cleaner::GcPolicy,
     pub stop: (Mutex<bool>, Condvar),
     /// The allocator thread runs (background threads): `reserve` asks it to
     /// allocate ahead of the head (space::ahead).

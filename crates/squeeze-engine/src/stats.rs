@@ -74,6 +74,20 @@ pub struct VolumeStats {
     pub segments_reclaimed: u64,
     /// Record bytes the cleaner relocated.
     pub cleaner_bytes_moved: u64,
+    /// Of the cleaner's relocations (compaction and upgrades excluded):
+    /// bytes written because dead bytes exceeded the garbage budget, while
+    /// clients were idle under the budget, and because free segments ran
+    /// short (`GcPolicy`).
+    #[serde(default)]
+    pub cleaner_over_budget_bytes: u64,
+    #[serde(default)]
+    pub cleaner_idle_bytes: u64,
+    #[serde(default)]
+    pub cleaner_space_bytes: u64,
+    /// The garbage budget in force (a fraction of the sealed log): the
+    /// policy's, or less when free room is short (`GcPolicy`).
+    #[serde(default)]
+    pub garbage_budget: f64,
     /// Seconds the cleaner spent cleaning victims (wall clock).
     pub cleaner_seconds: f64,
     /// Blobs the cleaner recompressed with the recompress algorithm.
@@ -215,6 +229,9 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         segments_free,
         segments_reclaimed: c.get(Counter::SegmentsReclaimed),
         cleaner_bytes_moved: c.get(Counter::CleanerBytesMoved),
+        cleaner_over_budget_bytes: c.get(Counter::CleanerOverBudgetBytes),
+        cleaner_idle_bytes: c.get(Counter::CleanerIdleBytes),
+        cleaner_space_bytes: c.get(Counter::CleanerSpaceBytes),
         cleaner_seconds: c.get(Counter::CleanerNs) as f64 / 1e9,
         recompressed_blobs: c.get(Counter::RecompressedBlobs),
         merged_bytes: c.get(Counter::MergedSectors) * SECTOR,
@@ -225,6 +242,10 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         upgrade_seconds: c.get(Counter::UpgradeNs) as f64 / 1e9,
         write_algorithm,
         garbage_bytes: crate::space::cleaner::garbage(inner).0,
+        garbage_budget: crate::space::cleaner::budget(
+            inner,
+            crate::space::cleaner::garbage(inner).1,
+        ),
         segment_size: inner.seg_size,
         map_memory_bytes: map_mem,
         map_bytes_per_mapped_sector: if mapped == 0 {

@@ -113,6 +113,9 @@ pub struct OpenOptions {
     pub no_adapt: bool,
     /// The adaptive codec's control law; None: `pipeline::adapt::LAW_DEFAULT`.
     pub adapt_law: Option<crate::pipeline::adapt::Law>,
+    /// When the cleaner works; None: the default garbage budget
+    /// (`space::cleaner::GcPolicy`).
+    pub gc: Option<crate::space::cleaner::GcPolicy>,
 }
 
 /// A squeeze volume. Safe for many concurrent callers.
@@ -329,6 +332,7 @@ impl Volume {
             poisoned: Mutex::new(None),
             read_only: open.read_only,
             idle_merge: !open.no_idle_merge,
+            gc: open.gc.unwrap_or_default(),
             stop: (Mutex::new(false), Condvar::new()),
             allocate_ahead: open.background && !open.read_only,
             ahead: Default::default(),

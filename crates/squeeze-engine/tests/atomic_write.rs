@@ -211,8 +211,19 @@ impl Rig {
     }
 }
 
+/// The smallest garbage budget: the most cleaning, so the most relocations
+/// of the atomic records under power cuts.
+fn options() -> OpenOptions {
+    OpenOptions {
+        gc: Some(squeeze_engine::GcPolicy {
+            garbage_budget: squeeze_engine::GARBAGE_BUDGET_MIN,
+        }),
+        ..Default::default()
+    }
+}
+
 fn open(rig: &Rig) -> squeeze_engine::Result<Volume> {
-    Volume::open(rig.storage(), OpenOptions::default())
+    Volume::open(rig.storage(), options())
 }
 
 /// Crashes the disk, optionally crashes again during recovery, reopens.
@@ -335,7 +346,7 @@ fn run_seed(path: IoPath, writes: Writes, seed: u64) -> usize {
     let mut rig = Rig::over(path, SimStorage::new(), &mut r);
     let mut opts = small_opts(SIZE);
     opts.policy = policy;
-    let mut vol = Volume::create(rig.storage(), &opts).unwrap();
+    let mut vol = Volume::create_with(rig.storage(), &opts, options()).unwrap();
     let mut m = Model::new();
     let mut torn = 0;
     let mut armed = false;

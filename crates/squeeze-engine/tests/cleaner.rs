@@ -233,3 +233,70 @@ fn segments_full_of_raw_blobs_are_not_cleaned_for_their_tail() {
     v.read(0, &mut got).unwrap();
     assert!(got == d);
 }
+
+/// The garbage budget decides when the busy cleaner copies: a log a
+/// quarter dead is left alone under a budget of 35% or 50%, cleaned under
+/// 15%; and a budget is spent only from free room, so a cap that leaves
+/// less room than the budget would hold brings cleaning back (issue 15).
+#[test]
+fn the_garbage_budget_decides_when_cleaning_starts() {
+    use squeeze_engine::GcPolicy;
+    let s = Arc::new(SimStorage::new());
+    let open = |budget: f64| OpenOptions {
+        gc: Some(GcPolicy::with_budget(budget).unwrap()),
+        ..Default::default()
+    };
+    let v = Volume::create_with(s.clone(), &small_opts(128 * MIB), open(0.5)).unwrap();
+    // 64 MiB of fio-like (60% compressible) blobs, then every third blob
+    // again: every segment about a third dead, a quarter of the log.
+    let d = data(&mut rng(12), 3, 64 * MIB as usize);
+    for (k, c) in d.chunks(128 << 10).enumerate() {
+        v.write(k as u64 * (128 << 10), c, false).unwrap();
+    }
+    for (k, c) in d.chunks(128 << 10).enumerate().step_by(3) {
+        v.write(k as u64 * (128 << 10), c, false).unwrap();
+    }
+    v.flush().unwrap();
+    let st = v.stats();
+    let sealed = st.allocated_bytes as f64;
+    let dead = st.garbage_bytes as f64 / sealed;
+    assert!((0.2..0.33).contains(&dead), "{dead}: {st:?}");
+    assert_eq!(st.garbage_budget, 0.5);
+    assert!(
+        v.clean_pass().unwrap().is_none(),
+        "cleaned under its budget"
+    );
+    drop(v);
+
+    let v = Volume::open(s.clone(), open(0.35)).unwrap();
+    assert!(
+        v.clean_pass().unwrap().is_none(),
+        "cleaned under its budget"
+    );
+    drop(v);
+
+    let v = Volume::open(s.clone(), open(0.15)).unwrap();
+    let r = v.clean_pass().unwrap().expect("over a 15% budget: cleans");
+    assert!(r.bytes_written > 0, "{r:?}");
+    assert_eq!(v.stats().cleaner_over_budget_bytes, r.bytes_written);
+    drop(v);
+
+    // Budget 50% again, but a cap leaves 9 free segments (one more than
+    // the cleaner's tight mode): less room than the budget would let
+    // garbage take, so the budget shrinks.
+    let v = Volume::open(s.clone(), open(0.5)).unwrap();
+    let st = v.stats();
+    v.set_max_physical(st.allocated_bytes + 9 * st.segment_size)
+        .unwrap();
+    let b = v.stats().garbage_budget;
+    assert!(b < 0.25, "budget {b} with a cap that leaves little room");
+    assert!(
+        v.clean_pass().unwrap().is_some(),
+        "the cap's room was spent"
+    );
+    let mut got = vec![0u8; d.len()];
+    v.read(0, &mut got).unwrap();
+    assert!(got == d);
+    v.verify_accounting().unwrap();
+    assert!(GcPolicy::with_budget(0.1).is_err() && GcPolicy::with_budget(0.9).is_err());
+}

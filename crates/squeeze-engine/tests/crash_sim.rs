@@ -138,6 +138,10 @@ struct Rig {
     /// (`common::Behind`): client writes go below the target and
     /// `upgrade_pass` has work.
     behind: bool,
+    /// The cleaner's garbage budget: mostly the smallest (the most
+    /// cleaning, so the most relocations under power cuts), sometimes the
+    /// default.
+    budget: f64,
 }
 
 impl Rig {
@@ -153,11 +157,17 @@ impl Rig {
             };
             Arc::new(SimWriteBehind::new(disk.clone(), config))
         });
+        let budget = if r.gen_ratio(3, 4) {
+            squeeze_engine::GARBAGE_BUDGET_MIN
+        } else {
+            squeeze_engine::GcPolicy::default().garbage_budget
+        };
         Rig {
             path,
             disk,
             wb,
             behind: false,
+            budget,
         }
     }
 
@@ -167,11 +177,15 @@ impl Rig {
     }
 
     fn options(&self) -> OpenOptions {
-        if self.behind {
+        let mut o = if self.behind {
             behind_options()
         } else {
             OpenOptions::default()
-        }
+        };
+        o.gc = Some(squeeze_engine::GcPolicy {
+            garbage_budget: self.budget,
+        });
+        o
     }
 
     fn storage(&self) -> Arc<dyn Storage> {

@@ -458,12 +458,15 @@ fn run_in(
 }
 
 /// Options of every `squeeze serve` this run starts.
+/// The server's flags: the smallest garbage budget, so that the cleaner
+/// relocates as much as it ever does while the kills land (the budget
+/// decides when it cleans, not how).
 fn serve_args(o: &Options) -> Vec<&'static str> {
+    let mut a = vec!["--gc-budget", "15"];
     if o.saturated_engine {
-        vec!["--simulate-saturated-engine"]
-    } else {
-        Vec::new()
+        a.push("--simulate-saturated-engine");
     }
+    a
 }
 
 fn mark_log(log: &Path, line: &str) {

@@ -20,12 +20,14 @@
 //! that no longer needs it. A crash mid-clean loses nothing and at most
 //! leaves the victim for the next pass.
 //!
-//! Priority: the background thread cleans one victim at a time and sleeps
-//! as long as the victim took before the next, so client I/O keeps at
-//! least half of the machine; once clients have been idle for a second it
-//! works without pause, down to segments 90% live (`idle_pass`), and the
-//! merger (`space::merge`) rewrites fragmented windows first. A write that
-//! finds no room cleans in the foreground before answering ENOSPC.
+//! Policy ([`GcPolicy`]): a garbage budget decides when the background
+//! thread cleans and which victims are worth their copy. It cleans one
+//! victim at a time and sleeps as long as the victim took before the next,
+//! so client I/O keeps at least half of the machine; once clients have been
+//! idle for a second it works without pause on cheap victims (at most half
+//! live, `idle_pass`), and the merger (`space::merge`) rewrites fragmented
+//! windows first. A write that finds no room cleans in the foreground
+//! before answering ENOSPC.
 
 use crate::append::Room;
 use crate::counters::Counter;
@@ -44,16 +46,93 @@ use std::sync::Arc;
 
 /// Relocated payload bytes per log append (bounds the memory of a pass).
 const APPEND_BYTES_MAX: usize = 4 << 20;
-/// The background cleaner starts when dead bytes exceed this fraction of the
-/// sealed log segments' size ...
-pub const GARBAGE_FRACTION_START: f64 = 0.15;
-/// ... and picks victims whose live fraction is below this.
-pub const VICTIM_LIVE_MAX: f64 = 0.85;
-/// While clients are idle, segments below this live fraction are cleaned
-/// whatever the total garbage.
-pub const IDLE_VICTIM_LIVE_MAX: f64 = 0.9;
 /// When free room is short, any segment below this live fraction will do.
 pub const VICTIM_LIVE_MAX_TIGHT: f64 = 0.98;
+
+/// When the cleaner works and which segments it thinks worth a copy: the
+/// trade between the space dead bytes hold and the bytes that copying them
+/// away writes (write amplification: the flash wear the seeds warn of).
+/// Freeing a segment that is `u` live copies `u / (1 - u)` bytes per byte
+/// freed, and the more garbage the log may keep, the emptier its victims:
+/// on ext4 under fsx and fsstress a budget of 15% made the cleaner copy
+/// 2.3 bytes per compressed byte clients wrote, 50% 0.42
+/// (docs/benchmarks.md, "The garbage budget").
+///
+/// - While clients write, the cleaner starts once dead bytes exceed the
+///   budget's share of the sealed log segments and takes victims below
+///   `1 - budget` live.
+/// - While they are idle, it starts at half the budget and takes only
+///   victims at most half live (a byte copied per byte freed at worst).
+/// - The budget is spent only from free room: when the room left (free and
+///   allocatable segments under `--max-physical`, and the file system's
+///   free space) is less than the budget's share of the sealed log, the
+///   budget shrinks to that share, down to [`GARBAGE_BUDGET_MIN`]; with
+///   fewer than 8 free segments any victim below 98% live will do.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GcPolicy {
+    /// Share of the sealed log that dead bytes may reach before the busy
+    /// cleaner copies, in [`GARBAGE_BUDGET_MIN`]..=[`GARBAGE_BUDGET_MAX`].
+    pub garbage_budget: f64,
+}
+
+/// The smallest budget (the cleaner's thresholds before the budget existed).
+pub const GARBAGE_BUDGET_MIN: f64 = 0.15;
+/// The largest budget a user may set: beyond it busy victims would have to
+/// be less than 40% live and the log could hold 1.5 dead bytes per live one.
+pub const GARBAGE_BUDGET_MAX: f64 = 0.6;
+/// The default budget: write amplification 1.4-1.5 under ext4 with fsx and
+/// fsstress (3.3 with the old 15%), for about a fifth more space at rest
+/// (docs/benchmarks.md, "File-system write amplification").
+pub const GARBAGE_BUDGET_DEFAULT: f64 = 0.5;
+/// Idle cleaning takes victims at most this live.
+pub const IDLE_VICTIM_LIVE_MAX: f64 = 0.5;
+
+impl Default for GcPolicy {
+    fn default() -> Self {
+        GcPolicy {
+            garbage_budget: GARBAGE_BUDGET_DEFAULT,
+        }
+    }
+}
+
+impl GcPolicy {
+    /// A policy with `budget` (a fraction), refused outside the range.
+    pub fn with_budget(budget: f64) -> std::result::Result<GcPolicy, String> {
+        if !(GARBAGE_BUDGET_MIN..=GARBAGE_BUDGET_MAX).contains(&budget) {
+            return Err(format!(
+                "a garbage budget of {:.0}% is outside {:.0}%..={:.0}%",
+                budget * 100.0,
+                GARBAGE_BUDGET_MIN * 100.0,
+                GARBAGE_BUDGET_MAX * 100.0
+            ));
+        }
+        Ok(GcPolicy {
+            garbage_budget: budget,
+        })
+    }
+}
+
+/// The budget in force: the policy's, or less when free room is short.
+pub(crate) fn budget(inner: &Inner, sealed_total: u64) -> f64 {
+    let want = inner.gc.garbage_budget;
+    if sealed_total == 0 {
+        return want;
+    }
+    let available = inner.log.lock().table.available() * inner.seg_size;
+    let room = match inner.storage.free_bytes() {
+        Ok(Some(fs_free)) => available.min(fs_free),
+        _ => available,
+    };
+    want.min(room as f64 / sealed_total as f64)
+        .max(GARBAGE_BUDGET_MIN)
+}
+
+/// Why a pass cleaned: the counter its bytes go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reason {
+    Busy,
+    Idle,
+}
 
 /// How a victim's live records are rewritten.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +166,10 @@ pub struct CleanReport {
     /// Raw bytes rewritten with the target codec by the upgrade.
     #[serde(default)]
     pub upgraded_bytes: u64,
+    /// Partly live records whose live runs were rewritten apart: their
+    /// windows may be fragmented again (the idle merger looks once more).
+    #[serde(default)]
+    pub partial_records: u64,
 }
 
 impl CleanReport {
@@ -99,6 +182,7 @@ impl CleanReport {
         self.recompressed += o.recompressed;
         self.corrupt_records += o.corrupt_records;
         self.upgraded_bytes += o.upgraded_bytes;
+        self.partial_records += o.partial_records;
     }
 }
 
@@ -330,6 +414,7 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
             // The whole record is held until the batch goes out (its dead
             // sectors too), so it counts whole against the batch's bound.
             pending_bytes += h.raw_len();
+            rep.partial_records += 1;
             let mut i = 0;
             while i < live.len() {
                 if !live[i] {
@@ -486,7 +571,10 @@ pub(crate) fn make_room(inner: &Inner) -> Result<()> {
             let Some(v) = pick_victim(inner, VICTIM_LIVE_MAX_TIGHT, u64::MAX, &done, false) else {
                 break;
             };
-            clean_segment(inner, v)?;
+            let rep = clean_segment(inner, v)?;
+            inner
+                .counters
+                .add(Counter::CleanerSpaceBytes, rep.bytes_written);
             done.push(v);
             if checkpoint::reclaimable(inner) {
                 break;
@@ -506,21 +594,24 @@ pub(crate) fn make_room(inner: &Inner) -> Result<()> {
 /// One bounded background pass: at most one victim. Returns None when there
 /// is nothing worth cleaning.
 pub(crate) fn background_pass(inner: &Inner) -> Result<Option<CleanReport>> {
-    pass(inner, GARBAGE_FRACTION_START, VICTIM_LIVE_MAX)
+    pass(inner, Reason::Busy)
 }
 
-/// One pass while clients are idle: any segment below
-/// [`IDLE_VICTIM_LIVE_MAX`] is worth its copy then.
+/// One pass while clients are idle (see [`GcPolicy`]).
 pub(crate) fn idle_pass(inner: &Inner) -> Result<Option<CleanReport>> {
-    pass(inner, 0.0, IDLE_VICTIM_LIVE_MAX)
+    pass(inner, Reason::Idle)
 }
 
-/// Cleans one victim below `max_live` once dead bytes exceed `start` of the
-/// sealed segments (any victim below the tight limit when free segments run
-/// short).
-fn pass(inner: &Inner, start: f64, max_live: f64) -> Result<Option<CleanReport>> {
+/// Cleans one victim when [`GcPolicy`] says so for `reason` (any victim
+/// below the tight limit when free segments run short).
+fn pass(inner: &Inner, reason: Reason) -> Result<Option<CleanReport>> {
     let _one = inner.cleaner_lock.lock();
     let (dead, total) = garbage(inner);
+    let b = budget(inner, total);
+    let (start, max_live) = match reason {
+        Reason::Busy => (b, 1.0 - b),
+        Reason::Idle => (b / 2.0, IDLE_VICTIM_LIVE_MAX),
+    };
     let tight = {
         let log = inner.log.lock();
         log.table.available() < 8
@@ -534,10 +625,17 @@ fn pass(inner: &Inner, start: f64, max_live: f64) -> Result<Option<CleanReport>>
     };
     // Short of free segments, every dead byte counts (several tails may
     // add up to a segment); otherwise a victim must hold more than a tail.
-    match pick_victim(inner, max_live, u64::MAX, &[], !tight) {
-        Some(v) => clean_segment(inner, v).map(Some),
-        None => Ok(None),
-    }
+    let Some(v) = pick_victim(inner, max_live, u64::MAX, &[], !tight) else {
+        return Ok(None);
+    };
+    let rep = clean_segment(inner, v)?;
+    let counter = match (tight, reason) {
+        (true, _) => Counter::CleanerSpaceBytes,
+        (false, Reason::Busy) => Counter::CleanerOverBudgetBytes,
+        (false, Reason::Idle) => Counter::CleanerIdleBytes,
+    };
+    inner.counters.add(counter, rep.bytes_written);
+    Ok(Some(rep))
 }
 
 /// One step of the idle upgrade: the sealed segment holding the most bytes
