@@ -11,7 +11,7 @@ use crate::cmd::import::process_cpu_seconds;
 use crate::util::{human, open_volume};
 use anyhow::{bail, Context, Result};
 use rand::Rng;
-use squeeze_engine::{CreateOptions, FileStorage, OpenOptions, Volume};
+use squeeze_engine::Volume;
 use squeeze_kv::{CreateStore, Expect, Store, PROBE_MAX_DEFAULT};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -290,14 +290,7 @@ fn bench(b: BenchArgs) -> Result<()> {
         .tempdir_in(&b.dir)?;
     let buckets = ((b.keys as f64 * b.buckets_per_key) as u64).max(PROBE_MAX_DEFAULT as u64);
     let path = tmp.path().join("kv.sqz");
-    let vol = Arc::new(Volume::create_with(
-        Arc::new(FileStorage::create(&path)?),
-        &CreateOptions::new((buckets + 1) * 4096),
-        OpenOptions {
-            background: true,
-            ..Default::default()
-        },
-    )?);
+    let vol = squeeze_kv::create_volume(&path, buckets)?;
     let s = Store::create(
         vol.clone(),
         CreateStore {

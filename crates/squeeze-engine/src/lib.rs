@@ -41,5 +41,5 @@ pub use space::merge::MergeReport;
 pub use squeeze_codec::{Algorithm, CompressEngine, CpuPool};
 pub use squeeze_format::{CodecId, CompressionMode, Policy, SECTOR_SIZE};
 pub use stats::VolumeStats;
-pub use storage::{FileStorage, IoMode, SimFaults, SimStorage, Storage};
+pub use storage::{FileOptions, FileStorage, IoMode, SimFaults, SimStorage, Storage};
 pub use volume::{default_policy, CreateOptions, OpenOptions, Volume};

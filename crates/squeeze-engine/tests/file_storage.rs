@@ -7,7 +7,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use squeeze_engine::storage::write_behind::BLOCK;
 use squeeze_engine::storage::{WRITE_BEHIND_CHUNK, WRITE_BEHIND_CHUNKS};
-use squeeze_engine::{FileStorage, IoMode, Storage};
+use squeeze_engine::{FileOptions, FileStorage, IoMode, Storage};
 use std::sync::Arc;
 
 fn file_equals_model(path: &std::path::Path, model: &[u8], what: &str) {
@@ -22,12 +22,22 @@ fn file_equals_model(path: &std::path::Path, model: &[u8], what: &str) {
 }
 
 fn random_ops(mode: IoMode, seed: u64) {
+    random_ops_with(
+        FileOptions {
+            mode,
+            write_behind_chunks: WRITE_BEHIND_CHUNKS,
+        },
+        seed,
+    )
+}
+
+fn random_ops_with(o: FileOptions, seed: u64) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v.sqz");
-    let s = FileStorage::create_with(&path, mode).unwrap();
+    let s = FileStorage::create_opts(&path, o).unwrap();
     let chunk = WRITE_BEHIND_CHUNK;
     // More chunks than the pool holds, so chunks are evicted.
-    let span = (WRITE_BEHIND_CHUNKS + 8) * chunk;
+    let span = (o.write_behind_chunks + 8) * chunk;
     s.allocate(0, span as u64).unwrap();
     let mut model = vec![0u8; span];
     let mut rng = StdRng::seed_from_u64(seed);
@@ -85,7 +95,7 @@ fn random_ops(mode: IoMode, seed: u64) {
     drop(s);
     // Closing writes what was staged.
     file_equals_model(&path, &model, &format!("seed {seed}: after close"));
-    let s = FileStorage::open_with(&path, mode).unwrap();
+    let s = FileStorage::open_opts(&path, o).unwrap();
     let mut got = vec![0u8; span];
     s.read_at(&mut got, 0).unwrap();
     assert!(got == model, "seed {seed}: reopened");
@@ -95,6 +105,21 @@ fn random_ops(mode: IoMode, seed: u64) {
 fn write_behind_keeps_the_storage_contract() {
     for seed in 0..4 {
         random_ops(IoMode::Direct, seed);
+    }
+}
+
+/// The smallest pool an embedded store asks for (squeeze-kv's volume):
+/// every chunk is evicted while others are still being written out.
+#[test]
+fn a_two_chunk_pool_keeps_the_storage_contract() {
+    for seed in 10..14 {
+        random_ops_with(
+            FileOptions {
+                mode: IoMode::Direct,
+                write_behind_chunks: 2,
+            },
+            seed,
+        );
     }
 }
 

@@ -7,12 +7,15 @@
 //! buckets off the disk. Nothing per key lives in memory.
 //!
 //! Modules, bottom up: `header` (sector 0: layout and seed), `bucket` (the
-//! sector format), `store` (hashing, chains, put/get/delete, crash order).
+//! sector format), `store` (hashing, chains, put/get/delete, crash order), `volume` (the
+//! volume a store makes for itself when embedded).
 
 pub mod bucket;
 pub mod error;
 pub mod header;
 pub mod store;
+pub mod volume;
 
 pub use error::{KvError, Result};
 pub use store::{CreateStore, Expect, Store, KEY_MAX, PROBE_MAX_DEFAULT, RECORD_MAX};
+pub use volume::create_volume;

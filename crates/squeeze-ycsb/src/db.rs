@@ -53,19 +53,11 @@ impl KvDb {
     /// volume with the default policy and the maintenance thread running,
     /// as `squeeze kv create` makes it; `name` labels its reports.
     pub fn create(dir: &Path, buckets: u64, name: &str) -> Result<KvDb> {
-        use squeeze_engine::{CreateOptions, FileStorage, OpenOptions, Volume};
         let path = dir.join("kv.sqz");
         if path.exists() {
             bail!("{} exists: give an empty directory", path.display());
         }
-        let vol = Arc::new(Volume::create_with(
-            Arc::new(FileStorage::create(&path)?),
-            &CreateOptions::new((buckets + 1) * squeeze_engine::SECTOR_SIZE as u64),
-            OpenOptions {
-                background: true,
-                ..Default::default()
-            },
-        )?);
+        let vol = squeeze_kv::create_volume(&path, buckets)?;
         let store = squeeze_kv::Store::create(
             vol.clone(),
             squeeze_kv::CreateStore {

@@ -26,6 +26,29 @@ pub const WRITE_BEHIND_CHUNKS: usize = 32;
 /// device unless the pool is full.
 const FLUSHER_THREADS: usize = 2;
 
+/// How a backing file is opened: its write path and the memory of its
+/// write-behind pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileOptions {
+    pub mode: IoMode,
+    /// Chunks of [`WRITE_BEHIND_CHUNK`] bytes the write-behind pool may
+    /// hold (at least 2; allocated as needed and kept as a cache of the
+    /// newest log). The default, [`WRITE_BEHIND_CHUNKS`], lets a burst of
+    /// client writes run ahead of the device; an embedded store that
+    /// writes 4 KiB at a time (squeeze-kv) needs far fewer.
+    pub write_behind_chunks: usize,
+}
+
+impl FileOptions {
+    /// The mode `SQUEEZE_IO` asks for and the default pool.
+    pub fn from_env() -> FileOptions {
+        FileOptions {
+            mode: IoMode::from_env(),
+            write_behind_chunks: WRITE_BEHIND_CHUNKS,
+        }
+    }
+}
+
 /// How writes reach the backing file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoMode {
@@ -227,8 +250,19 @@ impl FileStorage {
 
     /// `open` with the write path chosen by the caller.
     pub fn open_with(path: &Path, mode: IoMode) -> io::Result<FileStorage> {
+        Self::open_opts(
+            path,
+            FileOptions {
+                mode,
+                ..FileOptions::from_env()
+            },
+        )
+    }
+
+    /// `open` with the write path and the pool chosen by the caller.
+    pub fn open_opts(path: &Path, o: FileOptions) -> io::Result<FileStorage> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
-        let direct = Self::open_direct(path, &file, mode)?;
+        let direct = Self::open_direct(path, &file, o)?;
         let s = FileStorage { file, direct };
         s.lock(libc::LOCK_EX)?;
         Ok(s)
@@ -236,8 +270,12 @@ impl FileStorage {
 
     /// The O_DIRECT descriptor, or None where the mode or the file system
     /// says no.
-    fn open_direct(path: &Path, file: &File, mode: IoMode) -> io::Result<Option<Direct<FileDisk>>> {
-        if mode == IoMode::Buffered {
+    fn open_direct(
+        path: &Path,
+        file: &File,
+        o: FileOptions,
+    ) -> io::Result<Option<Direct<FileDisk>>> {
+        if o.mode == IoMode::Buffered {
             return Ok(None);
         }
         match OpenOptions::new()
@@ -255,7 +293,7 @@ impl FileStorage {
                 Ok(Some(Direct::with_threads(
                     disk,
                     WRITE_BEHIND_CHUNK,
-                    WRITE_BEHIND_CHUNKS,
+                    o.write_behind_chunks.max(2),
                     FLUSHER_THREADS,
                 )?))
             }
@@ -313,12 +351,23 @@ impl FileStorage {
 
     /// `create` with the write path chosen by the caller.
     pub fn create_with(path: &Path, mode: IoMode) -> io::Result<FileStorage> {
+        Self::create_opts(
+            path,
+            FileOptions {
+                mode,
+                ..FileOptions::from_env()
+            },
+        )
+    }
+
+    /// `create` with the write path and the pool chosen by the caller.
+    pub fn create_opts(path: &Path, o: FileOptions) -> io::Result<FileStorage> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .open(path)?;
-        let direct = Self::open_direct(path, &file, mode)?;
+        let direct = Self::open_direct(path, &file, o)?;
         let s = FileStorage { file, direct };
         s.lock(libc::LOCK_EX)?;
         Ok(s)

@@ -12,7 +12,7 @@ mod file;
 mod sim;
 pub mod write_behind;
 
-pub use file::{FileStorage, IoMode, WRITE_BEHIND_CHUNK, WRITE_BEHIND_CHUNKS};
+pub use file::{FileOptions, FileStorage, IoMode, WRITE_BEHIND_CHUNK, WRITE_BEHIND_CHUNKS};
 pub use sim::{SimFaults, SimStorage, SimWriteBehind, SimWriteBehindConfig};
 
 use std::io;

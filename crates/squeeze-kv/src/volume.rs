@@ -1,0 +1,44 @@
+//! The volume a store makes for itself when it is embedded (`squeeze kv
+//! bench`, squeeze-ycsb): thin, the default policy, the maintenance thread
+//! running, and sized for memory rather than for bursts.
+//!
+//! A store writes one 4 KiB bucket at a time, so the backing file's
+//! write-behind pool needs a few chunks, not the 32 MiB a server keeps to
+//! let NBD bursts run ahead of the device; and the cleaner reads a whole
+//! victim segment at once, so small segments bound that buffer too. With
+//! both, what the process holds is the sector map (8 bytes per mapped
+//! bucket) plus a few MiB (docs/KV.md, "Memory").
+
+use crate::Result;
+use squeeze_engine::{CreateOptions, FileOptions, FileStorage, OpenOptions, Volume, SECTOR_SIZE};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Segment size of a store's own volume: the cleaner's read buffer.
+pub const SEGMENT_SIZE: u64 = 4 << 20;
+/// Write-behind chunks (1 MiB each) of a store's own volume.
+pub const WRITE_BEHIND_CHUNKS: usize = 4;
+
+fn file_options() -> FileOptions {
+    FileOptions {
+        write_behind_chunks: WRITE_BEHIND_CHUNKS,
+        ..FileOptions::from_env()
+    }
+}
+
+/// Creates the volume file `path` (which must not exist) with room for
+/// `buckets` buckets after the store's header sector.
+pub fn create_volume(path: &Path, buckets: u64) -> Result<Arc<Volume>> {
+    let mut o = CreateOptions::new((buckets + 1) * SECTOR_SIZE as u64);
+    o.segment_size = SEGMENT_SIZE;
+    let storage = FileStorage::create_opts(path, file_options())
+        .map_err(squeeze_engine::EngineError::from)?;
+    Ok(Arc::new(Volume::create_with(
+        Arc::new(storage),
+        &o,
+        OpenOptions {
+            background: true,
+            ..Default::default()
+        },
+    )?))
+}

@@ -1,0 +1,71 @@
+//! The volume a store makes for itself (`squeeze_kv::create_volume`, what
+//! `squeeze kv bench` and squeeze-ycsb embed): small segments and a small
+//! write-behind pool, and a file that any `squeeze` command opens as usual.
+
+use squeeze_engine::{FileStorage, OpenOptions, Volume};
+use squeeze_kv::{create_volume, CreateStore, Expect, Store};
+use std::sync::Arc;
+
+#[test]
+fn a_store_on_its_own_volume_reopens_through_the_usual_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.sqz");
+    // Values that do not compress (an xorshift stream), 100-400 bytes.
+    let value = |i: u32| {
+        let mut x = u64::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..100 + i as usize % 300)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect::<Vec<u8>>()
+    };
+    {
+        let vol = create_volume(&path, 16384).unwrap();
+        assert_eq!(vol.stats().segment_size, squeeze_kv::volume::SEGMENT_SIZE);
+        let s = Store::create(
+            vol.clone(),
+            CreateStore {
+                buckets: Some(16384),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        // More than the pool's 4 MiB of chunks and than a segment, so
+        // chunks are evicted and the log crosses segments.
+        for i in 0..20_000u32 {
+            s.put(format!("key{i}").as_bytes(), &value(i)).unwrap();
+        }
+        s.flush().unwrap();
+        let st = vol.stats();
+        assert!(
+            st.physical_bytes > 2 * squeeze_kv::volume::SEGMENT_SIZE,
+            "physical {} stored {}",
+            st.physical_bytes,
+            st.stored_bytes
+        );
+        drop(s);
+        Arc::try_unwrap(vol).ok().unwrap().close().unwrap();
+    }
+    assert!(
+        create_volume(&path, 4096).is_err(),
+        "an existing file is not overwritten"
+    );
+    let vol = Arc::new(
+        Volume::open(
+            Arc::new(FileStorage::open(&path).unwrap()),
+            OpenOptions::default(),
+        )
+        .unwrap(),
+    );
+    let s = Store::open(vol, Expect::default()).unwrap();
+    for i in 0..20_000u32 {
+        assert_eq!(
+            s.get(format!("key{i}").as_bytes()).unwrap(),
+            Some(value(i)),
+            "key{i}"
+        );
+    }
+}
