@@ -40,6 +40,6 @@ pub use space::cleaner::{CleanReport, GcPolicy, GARBAGE_BUDGET_MIN};
 pub use space::merge::MergeReport;
 pub use squeeze_codec::{Algorithm, CompressEngine, CpuPool};
 pub use squeeze_format::{CodecId, CompressionMode, Policy, SECTOR_SIZE};
-pub use stats::VolumeStats;
+pub use stats::{Space, VolumeStats};
 pub use storage::{FileOptions, FileStorage, IoMode, SimFaults, SimStorage, Storage};
 pub use volume::{default_policy, CreateOptions, OpenOptions, Volume};

@@ -152,12 +152,11 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         (h.base_bytes, h.delta_bytes, h.deltas)
     };
     let opened = *inner.opened.lock();
-    let (segments_total, segments_free, available) = {
+    let (segments_total, segments_free) = {
         let log = inner.log.lock();
         (
             u64::from(log.table.len()),
             u64::from(log.table.len() - log.table.used()),
-            log.table.available(),
         )
     };
     let physical = inner.storage.physical_bytes().unwrap_or(0);
@@ -171,24 +170,11 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         );
     }
     let client = c.get(Counter::ClientBytesCompressed);
-    let limit = inner.sb.lock().max_physical;
-    // Room client data can still use: the segments kept for checkpoints,
-    // trims and the cleaner are not theirs.
-    let kept = checkpoint::segments_needed(inner, 0) + Room::Data.extra_segments();
-    // ... and no more than the device can still take: the file system's
-    // free space (free segments are holes: writing them takes new blocks).
-    let free_physical = available.saturating_sub(kept) * inner.seg_size;
-    let free_physical = match inner.storage.free_bytes() {
-        Ok(Some(fs_free)) => free_physical.min(fs_free),
-        _ => free_physical,
-    };
-    let space_warning = (limit > 0 && free_physical * 10 < limit).then(|| {
-        format!(
-            "physical space low: {} MiB of the {} MiB cap left; trim or grow --max-physical",
-            free_physical >> 20,
-            limit >> 20
-        )
-    });
+    let Space {
+        free_physical,
+        limit,
+        warning: space_warning,
+    } = space(inner);
     VolumeStats {
         logical_size: inner.size(),
         bytes_written: c.get(Counter::BytesWritten),
@@ -254,6 +240,44 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
             map_mem as f64 / mapped as f64
         },
         read_only_reason: inner.poisoned.lock().clone(),
+    }
+}
+
+/// Room for client data under the cap, without the rest of the stats
+/// (cheap enough for a watcher that polls it several times a second).
+pub struct Space {
+    /// Bytes client data can still take (`VolumeStats::free_physical_bytes`).
+    pub free_physical: u64,
+    /// The --max-physical cap (0 = none).
+    pub limit: u64,
+    /// Set while less than 10% of the cap is left.
+    pub warning: Option<String>,
+}
+
+pub(crate) fn space(inner: &Inner) -> Space {
+    let available = inner.log.lock().table.available();
+    let limit = inner.sb.lock().max_physical;
+    // Room client data can still use: the segments kept for checkpoints,
+    // trims and the cleaner are not theirs.
+    let kept = checkpoint::segments_needed(inner, 0) + Room::Data.extra_segments();
+    // ... and no more than the device can still take: the file system's
+    // free space (free segments are holes: writing them takes new blocks).
+    let free_physical = available.saturating_sub(kept) * inner.seg_size;
+    let free_physical = match inner.storage.free_bytes() {
+        Ok(Some(fs_free)) => free_physical.min(fs_free),
+        _ => free_physical,
+    };
+    let warning = (limit > 0 && free_physical * 10 < limit).then(|| {
+        format!(
+            "physical space low: {} MiB of the {} MiB cap left; trim or grow --max-physical",
+            free_physical >> 20,
+            limit >> 20
+        )
+    });
+    Space {
+        free_physical,
+        limit,
+        warning,
     }
 }
 

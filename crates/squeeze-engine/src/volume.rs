@@ -33,7 +33,7 @@ use crate::space::{SegState, SegmentId, SegmentTable, Usage};
 use crate::state::{
     max_segments, segment_of, CheckpointHistory, Inner, LogState, MapState, OpenReport,
 };
-use crate::stats::VolumeStats;
+use crate::stats::{Space, VolumeStats};
 use crate::storage::Storage;
 use parking_lot::{Condvar, Mutex, RwLock};
 use squeeze_codec::CompressEngine;
@@ -622,6 +622,12 @@ impl Volume {
     /// A point-in-time view of the counters and space.
     pub fn stats(&self) -> VolumeStats {
         crate::stats::collect(&self.inner)
+    }
+
+    /// Room for client data under the cap and the low-space warning: the
+    /// part of `stats` a watcher polls.
+    pub fn space(&self) -> Space {
+        crate::stats::space(&self.inner)
     }
 
     /// Flushes, writes a final checkpoint and marks the volume clean.

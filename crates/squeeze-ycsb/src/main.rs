@@ -18,6 +18,7 @@ use std::path::PathBuf;
 #[derive(Parser)]
 #[command(
     name = "squeeze-ycsb",
+    version,
     about = "YCSB core workloads against squeeze-kv and RocksDB"
 )]
 struct Cli {
