@@ -14,7 +14,7 @@ pub mod record;
 pub mod superblock;
 
 pub use checkpoint::{
-    MapRun, Piece, PieceHeader, PieceKind, PieceWriter, SegmentNote, CHUNK_ENTRIES,
+    MapRun, Piece, PieceHeader, PieceKind, PieceStream, PieceWriter, SegmentNote, CHUNK_ENTRIES,
 };
 pub use codec_id::CodecId;
 pub use layout::*;

@@ -11,17 +11,19 @@
 //! Steps, and what a crash after each leaves:
 //! 1. Under the log lock, wait until every reserved record is installed,
 //!    then encode the piece (the map's changed runs, or all of them), the
-//!    counters and the head. (Nothing on disk.)
-//! 2. Sync: every record before the head is durable. (Old checkpoint +
-//!    replay still rebuild the same state.)
-//! 3. Write the piece and sync: a delta goes after the chain's last piece
-//!    (the rest of its last segment, then newly allocated free segments), a
-//!    base into newly allocated free segments. (Bytes no superblock names:
-//!    pieces are padded to 4 KiB, so none shares a block with a named one.)
-//! 4. Write the superblock naming the chain (its segments, its length and
+//!    counters and the head, and write it as it is encoded
+//!    (`stream_piece`: its runs counted first, 1 MiB per write, its CRC
+//!    last, so a big map's piece is never held whole in memory): a delta
+//!    after the chain's last piece (the rest of its last segment, then
+//!    newly allocated free segments), a base into newly allocated free
+//!    segments. (Bytes no superblock names: pieces are padded to 4 KiB, so
+//!    none shares a block with a named one, and new segments were free.)
+//! 2. Sync: every record before the head is durable, and the piece. (Old
+//!    checkpoint + replay still rebuild the same state.)
+//! 3. Write the superblock naming the chain (its segments, its length and
 //!    the CRC of the new last piece) and sync: from here recovery starts at
 //!    the new head.
-//! 5. Free the segments only the checkpoint before the previous one used
+//! 4. Free the segments only the checkpoint before the previous one used
 //!    (the previous one stays intact: the other superblock slot names it,
 //!    and a damaged newest slot falls back to it) and every log segment that
 //!    lies wholly before both checkpoints' replay positions and held no live
@@ -29,11 +31,13 @@
 
 use crate::counters::{Counter, COUNTERS};
 use crate::error::{EngineError, Result};
+use crate::map::{Dirty, SectorMap};
 use crate::meta::superblock as sbio;
 use crate::space::{SegState, SegmentId};
-use crate::state::Inner;
+use crate::state::{Inner, LogState};
 use squeeze_format::checkpoint::piece_len;
-use squeeze_format::{CheckpointRef, PieceHeader, PieceKind, PieceWriter, FORMAT_VERSION};
+use squeeze_format::checkpoint::SegmentNote;
+use squeeze_format::{CheckpointRef, MapRun, PieceHeader, PieceKind, PieceStream, FORMAT_VERSION};
 
 /// A new base once the chain's deltas reach this many times its base ...
 pub const REBASE_FACTOR: u64 = 3;
@@ -95,7 +99,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
     let mut base = wants_base(inner);
     let chain = inner.sb.lock().checkpoint.clone();
     // 1. The piece, at the head.
-    let (piece, freeable, generation, new_head_seq) = {
+    let (built, freeable, generation, new_head_seq) = {
         let mut log = inner.log.lock();
         let t = inner.tickets.issued();
         inner.tickets.wait_below(t);
@@ -138,63 +142,48 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
             next_seq: log.next_seq,
             head_offset: log.head_offset,
         };
-        let mut piece = None;
+        let mut built = None;
         if !base {
-            let mut w = PieceWriter::new(&header, &counters, &notes, 0);
-            st.map.delta_runs(&dirty, |r| w.push(r));
-            let p = w.finish();
+            let b = stream_piece(
+                inner,
+                &mut log,
+                &st.map,
+                Some((&dirty, &chain)),
+                &header,
+                &counters,
+                &notes,
+            );
             // A chain longer than the superblock can list restarts.
-            let spill = (p.len() as u64).saturating_sub(room_after(inner, &chain));
-            let segs = chain.segments.len() as u64 + spill.div_ceil(inner.seg_size);
-            if segs <= squeeze_format::superblock::MAX_CKPT_SEGMENTS as u64 {
-                piece = Some(p);
-            } else {
+            if matches!(b, Built::TooLong) {
                 base = true;
+            } else {
+                built = Some(b);
             }
         }
-        let piece = match piece {
-            Some(p) => p,
+        let built = match built {
+            Some(b) => b,
             None => {
                 header.kind = PieceKind::Base;
-                let mut w = PieceWriter::new(&header, &counters, &notes, st.map.weight() as usize);
-                st.map.for_each_run(|r| w.push(r));
-                w.finish()
+                stream_piece(inner, &mut log, &st.map, None, &header, &counters, &notes)
             }
         };
-        (piece, freeable, generation, new_head_seq)
+        (built, freeable, generation, new_head_seq)
     };
     let fail = |e: EngineError| {
         inner.poison(&e);
         e
     };
-    // 2. Everything before the head is durable.
-    inner.storage.sync().map_err(|e| fail(e.into()))?;
-    // 3. The piece.
-    let crc = squeeze_format::checkpoint::stored_crc(&piece);
-    let new_ref = if base {
-        if piece.len() as u64
-            > inner.seg_size * squeeze_format::superblock::MAX_CKPT_SEGMENTS as u64
-        {
-            return Err(EngineError::NoSpace(format!(
-                "checkpoint needs {} segments; use a larger segment size",
-                (piece.len() as u64).div_ceil(inner.seg_size)
-            )));
+    let (new_ref, piece_bytes) = match built {
+        Built::Written { chain, bytes } => (chain, bytes),
+        Built::TooLong => unreachable!("a base always fits in a new chain"),
+        Built::Refused(e) => return Err(e),
+        Built::AllocFailed(e) => return Err(e.into_engine(inner)),
+        Built::WriteFailed(segs, e) => {
+            release(inner, &segs);
+            return Err(fail(e.into()));
         }
-        let segs = write_new(inner, &piece).map_err(|e| match e {
-            e @ EngineError::NoSpace(_) => e,
-            e => fail(e),
-        })?;
-        CheckpointRef {
-            len: piece.len() as u64,
-            crc,
-            segments: segs,
-        }
-    } else {
-        append(inner, &chain, &piece, crc).map_err(|e| match e {
-            e @ EngineError::NoSpace(_) => e,
-            e => fail(e),
-        })?
     };
+    // 2. Everything before the head is durable, and the piece.
     if let Err(e) = inner.storage.sync() {
         let only_new: Vec<SegmentId> = new_ref
             .segments
@@ -205,7 +194,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         release(inner, &only_new);
         return Err(fail(e.into()));
     }
-    // 4. Make it current.
+    // 3. Make it current.
     {
         let mut sb = inner.sb.lock();
         sb.checkpoint = new_ref.clone();
@@ -216,9 +205,9 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
     }
     inner
         .counters
-        .add(Counter::CheckpointBytes, piece.len() as u64 + 4096);
+        .add(Counter::CheckpointBytes, piece_bytes + 4096);
     inner.counters.add(Counter::Checkpoints, 1);
-    // 5. Free what nothing durable needs any more: segments only the
+    // 4. Free what nothing durable needs any more: segments only the
     // checkpoint before the previous one used (the previous one stays,
     // named by the other slot).
     let mut free = {
@@ -226,11 +215,11 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         h.prev_head_seq = new_head_seq;
         h.need_base = false;
         if base {
-            h.base_bytes = piece.len() as u64;
+            h.base_bytes = piece_bytes;
             h.delta_bytes = 0;
             h.deltas = 0;
         } else {
-            h.delta_bytes += piece.len() as u64;
+            h.delta_bytes += piece_bytes;
             h.deltas += 1;
         }
         let previous_only: Vec<SegmentId> = chain
@@ -259,57 +248,34 @@ fn room_after(inner: &Inner, chain: &CheckpointRef) -> u64 {
     }
 }
 
-/// Appends a delta piece after the chain's last piece: into the rest of its
-/// last segment, then into new segments. Returns the longer chain.
-fn append(inner: &Inner, chain: &CheckpointRef, piece: &[u8], crc: u32) -> Result<CheckpointRef> {
-    let room = (room_after(inner, chain) as usize).min(piece.len());
-    if room > 0 {
-        let last = *chain
-            .segments
-            .last()
-            .expect("a chain with room has a segment");
-        let off = inner.segment_offset(last) + chain.len % inner.seg_size;
-        inner
-            .storage
-            .allocate(off, room as u64)
-            .map_err(|e| match inner.storage_failed(e) {
-                EngineError::NoSpace(why) => EngineError::NoSpace(format!("checkpoint: {why}")),
-                other => other,
-            })?;
-        inner.storage.write_at(&piece[..room], off)?;
-    }
-    let mut segments = chain.segments.clone();
-    if room < piece.len() {
-        segments.extend(write_new(inner, &piece[room..])?);
-    }
-    Ok(CheckpointRef {
-        len: chain.len + piece.len() as u64,
-        crc,
-        segments,
-    })
+/// Why segments for a checkpoint could not be had.
+enum AllocError {
+    NoFree,
+    Io(std::io::Error),
 }
 
-/// Writes `bytes` into newly allocated free segments, from their start;
-/// returns them.
-fn write_new(inner: &Inner, bytes: &[u8]) -> Result<Vec<SegmentId>> {
-    let n = (bytes.len() as u64).div_ceil(inner.seg_size);
-    let segs = allocate_segments(inner, n, bytes.len() as u64)?;
-    for (k, s) in segs.iter().enumerate() {
-        let from = k * inner.seg_size as usize;
-        let to = (from + inner.seg_size as usize).min(bytes.len());
-        let off = inner.segment_offset(*s);
-        if let Err(e) = inner.storage.write_at(&bytes[from..to], off) {
-            release(inner, &segs);
-            return Err(e.into());
+impl AllocError {
+    /// The engine's error (a storage failure nobody planned for poisons the
+    /// volume); call without the log lock held.
+    fn into_engine(self, inner: &Inner) -> EngineError {
+        match self {
+            AllocError::NoFree => EngineError::NoSpace("no free segment for a checkpoint".into()),
+            AllocError::Io(e) => match inner.storage_failed(e) {
+                EngineError::NoSpace(why) => EngineError::NoSpace(format!("checkpoint: {why}")),
+                other => other,
+            },
         }
     }
-    Ok(segs)
 }
 
 /// Allocates `n` free segments for a stream of `len` bytes (only the bytes
-/// the stream uses in each, rounded to 4 KiB).
-fn allocate_segments(inner: &Inner, n: u64, len: u64) -> Result<Vec<SegmentId>> {
-    let mut log = inner.log.lock();
+/// the stream uses in each, rounded to 4 KiB), under the caller's log lock.
+fn allocate_segments(
+    inner: &Inner,
+    log: &mut LogState,
+    n: u64,
+    len: u64,
+) -> std::result::Result<Vec<SegmentId>, AllocError> {
     let mut segs = Vec::new();
     for k in 0..n {
         let bytes = (len - k * inner.seg_size)
@@ -320,25 +286,149 @@ fn allocate_segments(inner: &Inner, n: u64, len: u64) -> Result<Vec<SegmentId>> 
             for s in &segs {
                 log.table.set(*s, SegState::Free);
             }
-            return Err(EngineError::NoSpace(
-                "no free segment for a checkpoint".into(),
-            ));
+            return Err(AllocError::NoFree);
         };
         let off = inner.segment_offset(s);
         if let Err(e) = inner.storage.allocate(off, bytes) {
             for s in &segs {
                 log.table.set(*s, SegState::Free);
             }
-            drop(log);
-            return Err(match inner.storage_failed(e) {
-                EngineError::NoSpace(why) => EngineError::NoSpace(format!("checkpoint: {why}")),
-                other => other,
-            });
+            return Err(AllocError::Io(e));
         }
         log.table.set(s, SegState::Checkpoint);
         segs.push(s);
     }
     Ok(segs)
+}
+
+/// Bytes a streamed base piece is taken in: one write each.
+const STREAM_CHUNK: usize = 1 << 20;
+
+/// Writes `bytes` at byte `at` of a stream laid end to end in `segs`.
+fn write_stream(
+    inner: &Inner,
+    segs: &[SegmentId],
+    mut at: u64,
+    mut bytes: &[u8],
+) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        let k = (at / inner.seg_size) as usize;
+        let within = at % inner.seg_size;
+        let n = ((inner.seg_size - within) as usize).min(bytes.len());
+        inner
+            .storage
+            .write_at(&bytes[..n], inner.segment_offset(segs[k]) + within)?;
+        bytes = &bytes[n..];
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Writes a piece as it is encoded (a piece of a big map is never held
+/// whole in memory: 20 bytes per run, 2.5 times the map itself when every
+/// sector is a record of its own): with `delta` (the sectors changed and
+/// the chain the superblock names), a delta after the chain's last piece,
+/// in the rest of its last segment and then new ones; without, a base of
+/// every run in new segments. Called under the log and state locks, so the
+/// map cannot change between the count of the piece's runs and their
+/// encoding.
+fn stream_piece(
+    inner: &Inner,
+    log: &mut LogState,
+    map: &SectorMap,
+    delta: Option<(&Dirty, &CheckpointRef)>,
+    header: &PieceHeader,
+    counters: &[u64],
+    notes: &[SegmentNote],
+) -> Built {
+    let each_run = |f: &mut dyn FnMut(MapRun)| match delta {
+        Some((dirty, _)) => map.delta_runs(dirty, f),
+        None => map.for_each_run(f),
+    };
+    let mut runs = 0u64;
+    each_run(&mut |_| runs += 1);
+    let mut w = PieceStream::new(header, counters, notes, runs);
+    let len = w.padded_len();
+    // The piece is byte `start` on of the chain laid over `segs`.
+    let (start, mut segs, room) = match delta {
+        Some((_, chain)) => (
+            chain.len,
+            chain.segments.clone(),
+            room_after(inner, chain).min(len),
+        ),
+        None => (0, Vec::new(), 0),
+    };
+    let fresh = (len - room).div_ceil(inner.seg_size);
+    if segs.len() as u64 + fresh > squeeze_format::superblock::MAX_CKPT_SEGMENTS as u64 {
+        return match delta {
+            Some(_) => Built::TooLong,
+            None => Built::Refused(EngineError::NoSpace(format!(
+                "checkpoint needs {fresh} segments; use a larger segment size"
+            ))),
+        };
+    }
+    if room > 0 {
+        let off = inner.segment_offset(*segs.last().expect("a chain with room has a segment"))
+            + start % inner.seg_size;
+        if let Err(e) = inner.storage.allocate(off, room) {
+            return Built::AllocFailed(AllocError::Io(e));
+        }
+    }
+    let new = match allocate_segments(inner, log, fresh, len - room) {
+        Ok(new) => new,
+        Err(e) => return Built::AllocFailed(e),
+    };
+    segs.extend_from_slice(&new);
+    let mut failed: Option<std::io::Error> = None;
+    each_run(&mut |r| {
+        if failed.is_some() {
+            return;
+        }
+        w.push(r);
+        if w.pending() >= STREAM_CHUNK {
+            let at = start + w.taken();
+            let b = w.take();
+            failed = write_stream(inner, &segs, at, &b).err();
+        }
+    });
+    let r = failed.map_or_else(
+        || {
+            let at = start + w.taken();
+            let (last, crc) = w.finish();
+            write_stream(inner, &segs, at, &last)?;
+            // The CRC last: until it is in place the piece does not verify
+            // (and nothing names it yet anyway).
+            write_stream(inner, &segs, start + 68, &crc.to_le_bytes())?;
+            Ok(crc)
+        },
+        Err,
+    );
+    match r {
+        Ok(crc) => Built::Written {
+            chain: CheckpointRef {
+                len: start + len,
+                crc,
+                segments: segs,
+            },
+            bytes: len,
+        },
+        Err(e) => Built::WriteFailed(new, e),
+    }
+}
+
+/// What step 1 made.
+enum Built {
+    /// The piece, written; the chain that ends with it, and its bytes.
+    Written { chain: CheckpointRef, bytes: u64 },
+    /// A delta that would make the chain longer than the superblock can
+    /// list (nothing written): a base instead.
+    TooLong,
+    /// A base larger than the superblock can list.
+    Refused(EngineError),
+    /// No room for the piece.
+    AllocFailed(AllocError),
+    /// Writing the piece failed; these segments were allocated for it.
+    WriteFailed(Vec<SegmentId>, std::io::Error),
 }
 
 /// Returns segments to the free list and punches them out of the file;
