@@ -86,15 +86,13 @@ osd_pid() { ceph_osd_pid 0; }
 
 device_bytes() { # the device's bytes on the host disk
   if [[ $KIND == squeeze ]]; then
-    "$BIN" stats --json "$SCR/ctl.sock" | python3 -c 'import json,sys; d=json.load(sys.stdin); d=next(iter(d.values())) if all(isinstance(v,dict) for v in d.values()) else d; print(d["physical_bytes"])'
+    squeeze_stat "$SCR/ctl.sock" physical_bytes
   else
     du -B1 "$SCR/osd0.img" | cut -f1
   fi
 }
 
-below_target_pending() { # squeeze's bytes still stored below the target codec
-  "$BIN" stats --json "$SCR/ctl.sock" | python3 -c 'import json,sys; d=json.load(sys.stdin); d=next(iter(d.values())) if all(isinstance(v,dict) for v in d.values()) else d; print(d["below_target_pending_bytes"])'
-}
+below_target_pending() { squeeze_stat "$SCR/ctl.sock" below_target_pending_bytes; } # bytes not yet upgraded
 
 device() { # sets LOOP: the OSD's block device
   mkdir -p "$SCR"

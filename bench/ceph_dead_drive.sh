@@ -94,11 +94,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-FAILED=0
-say() { echo "$*" | tee -a "$OUT/summary.txt"; }
-fail() { say "FAIL: $*"; FAILED=1; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 
 fio_rbd() { # fio_rbd NAME IMAGE [extra...]: 128 KiB sequential blocks with verify headers
   local name=$1 image=$2

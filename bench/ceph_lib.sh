@@ -15,6 +15,8 @@
 #   ceph_pool NAME PGS ALG           a replicated rbd pool; BlueStore compression ALG (none: off)
 #   ceph_wait_clean SECONDS          every placement group active+clean
 #   ceph_stop                        stop every daemon (SIGTERM, then SIGKILL after 10 s)
+#   say / fail / now / since T       the pass-or-fail scripts' report ($OUT/summary.txt, FAILED)
+#   squeeze_stat SOCKET FIELD        one field of `squeeze stats --json` of a running server
 # Needs SCR (scratch dir) and CDIR (where logs of mkfs go); exports CEPH_CONF.
 # shellcheck shell=bash
 
@@ -164,4 +166,19 @@ ceph_stop() {
     kill -9 "$(cat "$p")" 2>/dev/null || true
     rm -f "$p"
   done
+}
+
+# The report of the scripts that pass or fail (ceph_dead_drive.sh, ceph_thin.sh).
+FAILED=0
+say() { echo "$*" | tee -a "$OUT/summary.txt"; }
+fail() { say "FAIL: $*"; FAILED=1; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; } # seconds since T
+
+squeeze_stat() { # squeeze_stat SOCKET FIELD (the server's one volume)
+  "$BIN" stats --json "$1" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+d = next(iter(d.values())) if all(isinstance(v, dict) for v in d.values()) else d
+print(d[sys.argv[1]])' "$2"
 }

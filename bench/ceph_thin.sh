@@ -79,19 +79,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-FAILED=0
-say() { echo "$*" | tee -a "$OUT/summary.txt"; }
-fail() { say "FAIL: $*"; FAILED=1; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 metric() { # metric NAME: its value on /metrics (nothing when the server does not answer)
   curl -s --max-time 2 "http://$METRICS/metrics" 2>/dev/null | awk -v n="$1" 'index($1, n "{") == 1 || $1 == n { print $2; exit }'
 }
-physical() { "$BIN" stats --json "$SCR/ctl.sock" 2>/dev/null | python3 -c '
-import json, sys
-d = json.load(sys.stdin)
-d = next(iter(d.values())) if all(isinstance(v, dict) for v in d.values()) else d
-print(d["physical_bytes"])' 2>/dev/null || echo '?'; }
+physical() { squeeze_stat "$SCR/ctl.sock" physical_bytes 2>/dev/null || echo '?'; }
 
 fio_rbd() { # fio_rbd NAME IMAGE SIZE [extra...]: incompressible 128 KiB blocks, verify headers
   local name=$1 image=$2 size=$3
