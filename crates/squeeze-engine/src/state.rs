@@ -47,6 +47,8 @@ pub(crate) struct LogState {
     pub ahead_pending: bool,
     /// Allocating ahead failed in this segment: writers allocate themselves.
     pub ahead_failed: Option<SegmentId>,
+    /// How far the log past the head is pre-written (space::prewrite).
+    pub prewritten: crate::space::prewrite::Prewritten,
 }
 
 impl LogState {
@@ -198,6 +200,13 @@ pub(crate) struct Inner {
     /// freeing segments takes it exclusively, so no reader ever reads a
     /// segment after it was handed out again.
     pub gate: RwLock<()>,
+    /// A flush's first stage (the write-out of staged log bytes), one at a
+    /// time; `written` is the ticket count every byte below which it has
+    /// handed to the file.
+    pub write_out_lock: Mutex<()>,
+    pub written: std::sync::atomic::AtomicU64,
+    /// A flush's second stage (fdatasync), one at a time; the ticket count
+    /// every record below which is durable.
     pub sync_lock: Mutex<u64>,
     pub ckpt_lock: Mutex<()>,
     /// One resize or cap change at a time.

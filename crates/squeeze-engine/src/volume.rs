@@ -192,6 +192,7 @@ impl Volume {
             bytes_since_checkpoint: 0,
             ahead_pending: false,
             ahead_failed: None,
+            prewritten: Default::default(),
         };
         let state = MapState {
             map: SectorMap::new(),
@@ -312,6 +313,8 @@ impl Volume {
             ranges: RangeLocks::default(),
             tickets: Tickets::default(),
             gate: RwLock::new(()),
+            write_out_lock: Mutex::new(()),
+            written: std::sync::atomic::AtomicU64::new(0),
             sync_lock: Mutex::new(0),
             ckpt_lock: Mutex::new(()),
             resize_lock: Mutex::new(()),

@@ -179,6 +179,7 @@ impl Inner {
         if self.read_only {
             return Ok(());
         }
+        crate::space::prewrite::before_flush(self)?;
         self.flush()?;
         if self.allocate_ahead {
             crate::space::ahead::release_after_flush(self);

@@ -403,6 +403,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
             bytes_since_checkpoint: 0,
             ahead_pending: false,
             ahead_failed: None,
+            prewritten: Default::default(),
         },
         state,
         counters,

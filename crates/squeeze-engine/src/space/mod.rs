@@ -20,6 +20,7 @@
 pub mod ahead;
 pub mod cleaner;
 pub mod merge;
+pub mod prewrite;
 
 use squeeze_format::MapEntry;
 use std::collections::BTreeSet;

@@ -421,9 +421,18 @@ impl Storage for FileStorage {
     }
 
     fn sync(&self) -> io::Result<()> {
-        if let Some(d) = &self.direct {
-            d.write_out()?;
+        self.write_out()?;
+        self.file.sync_data()
+    }
+
+    fn write_out(&self) -> io::Result<()> {
+        match &self.direct {
+            Some(d) => d.write_out(),
+            None => Ok(()),
         }
+    }
+
+    fn sync_written(&self) -> io::Result<()> {
         self.file.sync_data()
     }
 

@@ -33,6 +33,20 @@ pub trait Storage: Send + Sync {
     }
     /// Makes every completed write durable (fdatasync).
     fn sync(&self) -> io::Result<()>;
+    /// The first half of `sync`: hands every completed write that the store
+    /// still holds in memory (a write-behind pool) to the file, not yet
+    /// durably. Nothing to do for a store that holds none.
+    fn write_out(&self) -> io::Result<()> {
+        Ok(())
+    }
+    /// The second half of `sync`: makes durable what `write_out` (or the
+    /// store by itself) handed to the file before this call, and nothing
+    /// staged in memory since. Flushes pipeline the two halves: one writes
+    /// out the next group's bytes while another waits for this one's
+    /// fdatasync (`Inner::flush`).
+    fn sync_written(&self) -> io::Result<()> {
+        self.sync()
+    }
     /// Current length of the backing store in bytes.
     fn len(&self) -> io::Result<u64>;
     fn is_empty(&self) -> io::Result<bool> {

@@ -465,6 +465,14 @@ impl Storage for SimWriteBehind {
         self.disk().sync()
     }
 
+    fn write_out(&self) -> io::Result<()> {
+        self.direct.write_out()
+    }
+
+    fn sync_written(&self) -> io::Result<()> {
+        self.disk().sync()
+    }
+
     fn len(&self) -> io::Result<u64> {
         Ok(self.disk().len()?.max(self.direct.staged_end()))
     }
