@@ -15,7 +15,7 @@
 # unmount, `e2fsck -fn` the device (the file system must be clean), detach loop and nbdfuse
 # (both flush), and read the counters from the running server's control socket
 # (`squeeze stats --json CTL`): client bytes written, log bytes, checkpoint bytes, checkpoints,
-# cleaner bytes moved (part of the log bytes), squeeze's write_amplification ((log + checkpoint
+# cleaner bytes moved (part of the log bytes), squeeze's write_amplification ((log + checkpoint + pre-written
 # bytes) / compressed client bytes), and, when the
 # binary has them, checkpoint_base_bytes / checkpoint_delta_bytes / checkpoint_deltas /
 # open_seconds. Finally the server is stopped (SIGTERM, clean close) and the volume reopened
@@ -309,7 +309,8 @@ res = {
     "client_bytes": client, "log_bytes": log, "checkpoint_bytes": ckpt,
     "checkpoints": s["checkpoints"],
     "write_amplification": s["write_amplification"],
-    "device_bytes_per_client_byte": (log + ckpt) / client if client else 0.0,
+    "prewritten_bytes": s.get("prewritten_bytes", 0),
+    "device_bytes_per_client_byte": (log + ckpt + s.get("prewritten_bytes", 0)) / client if client else 0.0,
 }
 for k in ("checkpoint_base_bytes", "checkpoint_delta_bytes", "checkpoint_deltas", "open_seconds",
           "merge_bytes_written", "cleaner_bytes_moved", "compression_ratio", "mapped_bytes",
@@ -322,7 +323,7 @@ if "open_seconds" in r:
     res["reopen_replayed_records"] = r.get("open_replayed_records")
 json.dump(res, open(f"{out}/result.json", "w"), indent=2)
 opt = lambda k, f: f(res[k]) if k in res else "n/a"
-print("| binary | seconds | client GiB | log GiB | cleaner GiB | checkpoint GiB | checkpoints | WA (squeeze) | (log+ckpt)/client | ckpt base GiB | ckpt delta GiB | deltas | reopen s | cleaner busy / idle / short of room GiB | stored / allocated MiB at the end |")
+print("| binary | seconds | client GiB | log GiB | cleaner GiB | checkpoint GiB | checkpoints | WA (squeeze) | (log+ckpt+prewritten)/client | ckpt base GiB | ckpt delta GiB | deltas | reopen s | cleaner busy / idle / short of room GiB | stored / allocated MiB at the end |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 mib = lambda k: f"{res[k] / 2**20:.0f}" if k in res else "n/a"
 why = " / ".join(opt(k, lambda v: f"{gib(v):.2f}") for k in ("cleaner_over_budget_bytes", "cleaner_idle_bytes", "cleaner_space_bytes"))

@@ -1077,8 +1077,14 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
         |s: &VolumeStats| s.upgrade_seconds
     );
     m!(
+        "prewritten_bytes_total",
+        "Zeros written past the log head before small flushes, so commits overwrite written blocks (part of write_amplification).",
+        "counter",
+        |s: &VolumeStats| s.prewritten_bytes
+    );
+    m!(
         "write_amplification",
-        "Backing bytes written per stored client byte.",
+        "Backing bytes written per stored client byte (log, checkpoints and pre-written zeros).",
         "gauge",
         |s: &VolumeStats| s.write_amplification
     );

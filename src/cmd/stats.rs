@@ -124,10 +124,11 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         s.decompress_cpu_seconds
     );
     outln!(
-        "log written            {} ({} checkpoints, {}), write amplification {:.3}",
+        "log written            {} ({} checkpoints, {}; {} pre-written), write amplification {:.3}",
         human(s.log_bytes_written),
         s.checkpoints,
         human(s.checkpoint_bytes_written),
+        human(s.prewritten_bytes),
         s.write_amplification
     );
     outln!(

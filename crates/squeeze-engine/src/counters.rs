@@ -51,9 +51,10 @@ counters! {
     CleanerOverBudgetBytes = 31, "Record bytes the cleaner relocated because dead bytes exceeded the garbage budget.";
     CleanerIdleBytes = 32, "Record bytes the cleaner relocated while clients were idle, under the budget.";
     CleanerSpaceBytes = 33, "Record bytes the cleaner relocated because free segments ran short (a write waiting for room, or fewer than 8 free).";
+    PrewrittenBytes = 34, "Zero bytes written past the log head before small flushes (space::prewrite), so commits overwrite written blocks.";
 }
 
-pub const COUNTERS: usize = 34;
+pub const COUNTERS: usize = 35;
 
 pub struct Counters {
     v: [AtomicU64; COUNTERS],

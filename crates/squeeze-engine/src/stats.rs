@@ -45,6 +45,11 @@ pub struct VolumeStats {
     pub compress_cpu_seconds: f64,
     pub decompress_cpu_seconds: f64,
     pub log_bytes_written: u64,
+    /// Zeros written past the log head before small flushes, so that
+    /// commits overwrite written blocks (space::prewrite): device writes
+    /// that are neither records nor checkpoints.
+    #[serde(default)]
+    pub prewritten_bytes: u64,
     pub checkpoint_bytes_written: u64,
     pub checkpoints: u64,
     /// The checkpoint chain recovery reads: its base piece (the whole map),
@@ -197,6 +202,7 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         compress_cpu_seconds: c.get(Counter::CompressNs) as f64 / 1e9,
         decompress_cpu_seconds: c.get(Counter::DecompressNs) as f64 / 1e9,
         log_bytes_written: c.get(Counter::LogBytes),
+        prewritten_bytes: c.get(Counter::PrewrittenBytes),
         checkpoint_bytes_written: c.get(Counter::CheckpointBytes),
         checkpoints: c.get(Counter::Checkpoints),
         checkpoint_base_bytes: base_bytes,
@@ -208,7 +214,10 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         write_amplification: if client == 0 {
             0.0
         } else {
-            (c.get(Counter::LogBytes) + c.get(Counter::CheckpointBytes)) as f64 / client as f64
+            (c.get(Counter::LogBytes)
+                + c.get(Counter::CheckpointBytes)
+                + c.get(Counter::PrewrittenBytes)) as f64
+                / client as f64
         },
         checksum_errors: c.get(Counter::ChecksumErrors),
         segments_total,

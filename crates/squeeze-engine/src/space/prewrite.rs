@@ -30,6 +30,7 @@
 //! recovery ends the log there (docs/FORMAT.md, crash table).
 
 use super::ahead::ALLOC_STEP;
+use crate::counters::Counter;
 use crate::error::Result;
 use crate::state::Inner;
 use crate::storage::write_behind::BLOCK;
@@ -90,5 +91,6 @@ pub(crate) fn before_flush(inner: &Inner) -> Result<()> {
         return Err(inner.storage_failed(e));
     }
     log.prewritten.to = to;
+    inner.counters.add(Counter::PrewrittenBytes, to - from);
     Ok(())
 }
