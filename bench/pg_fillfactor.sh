@@ -10,7 +10,8 @@
 # The sides, ext4 (mounted noatime) on a loop device with direct I/O, set up once and used in
 # turns (for each fillfactor, each workload: squeeze, then plain), so a burst of load from the
 # other users of the machine hits every side alike:
-#   squeeze  `squeeze serve --fuse-dir` (default policy): its own FUSE export -> loop -> ext4
+#   squeeze  `squeeze serve --fuse-dir --prewrite` (default policy; --prewrite as docs/DATABASES.md
+#            advises for databases): its own FUSE export -> loop -> ext4
 #            (SQUEEZE_PATH=nbdfuse: `squeeze serve` -> Unix socket -> nbdfuse (libnbd) -> loop -> ext4,
 #            the path of the runs before session 8)
 #   plain    a sparse file on the same disk   -> loop -> ext4
@@ -48,7 +49,7 @@
 #      both sides share), FILLFACTORS ("100 90 80 70 50"), WORKLOADS ("pgbench sysbench"),
 #      SIDES ("squeeze plain"), PGB_SCALE (20; quick 2), SB_ROWS (1000000; quick 100000),
 #      RUN_SECS (60; quick 5), CLIENTS (8), VOL_SIZE (16G), SHARED_BUFFERS (256MB),
-#      SQUEEZE_SERVE_ARGS (extra `serve` options), SQUEEZE_PATH (fuse; nbdfuse), NBDFUSE_ARGS
+#      SQUEEZE_SERVE_ARGS (extra `serve` options; default --prewrite, set it empty for none), SQUEEZE_PATH (fuse; nbdfuse), NBDFUSE_ARGS
 #      (extra nbdfuse options),
 #      PG_EXTRA_CONF (lines appended to postgresql.conf on every side, e.g.
 #      "full_page_writes = off" to measure what full-page images cost: not a safe setting, see
@@ -94,6 +95,7 @@ WORKLOADS=${WORKLOADS:-pgbench sysbench}
 SIDES=${SIDES:-squeeze plain}
 CLIENTS=${CLIENTS:-8}
 VOL_SIZE=${VOL_SIZE:-16G}
+SQUEEZE_SERVE_ARGS=${SQUEEZE_SERVE_ARGS---prewrite}
 SHARED_BUFFERS=${SHARED_BUFFERS:-256MB}
 TRACE=${TRACE:-0}
 BENCH_LOCK=${BENCH_LOCK:-/tmp/bench.lock}

@@ -1,7 +1,7 @@
 //! Concurrent small writes each followed by a flush, straight on the engine
 //! (no FUSE, no loop device): what a database's commits cost squeeze itself.
 //!
-//!     cargo run --release -p squeeze-engine --example flush_group -- DIR [THREADS] [SECS]
+//!     cargo run --release -p squeeze-engine --example flush_group -- DIR [THREADS] [SECS] [prewrite]
 //!
 //! Prints writes per second and the mean write and flush latency.
 use squeeze_engine::{CreateOptions, FileOptions, FileStorage, OpenOptions, Volume};
@@ -14,6 +14,7 @@ fn main() {
     let dir = std::path::PathBuf::from(args.get(1).expect("DIR"));
     let threads: usize = args.get(2).map_or(8, |s| s.parse().expect("THREADS"));
     let secs: u64 = args.get(3).map_or(10, |s| s.parse().expect("SECS"));
+    let prewrite = args.get(4).is_some_and(|s| s == "prewrite");
     let path = dir.join("flush_group.sqz");
     let _ = std::fs::remove_file(&path);
     let storage = FileStorage::create_opts(&path, FileOptions::from_env()).expect("create");
@@ -23,6 +24,7 @@ fn main() {
             &CreateOptions::new(1 << 30),
             OpenOptions {
                 background: true,
+                prewrite,
                 ..Default::default()
             },
         )
@@ -72,7 +74,8 @@ fn main() {
     }
     let n = ops.load(Ordering::Relaxed).max(1);
     println!(
-        "threads {threads}: {:.0} writes/s, write {:.0} us, flush {:.0} us",
+        "threads {threads}{}: {:.0} writes/s, write {:.0} us, flush {:.0} us",
+        if prewrite { " (prewrite)" } else { "" },
         n as f64 / secs as f64,
         wns.load(Ordering::Relaxed) as f64 / n as f64 / 1e3,
         fns.load(Ordering::Relaxed) as f64 / n as f64 / 1e3,

@@ -224,6 +224,9 @@ pub(crate) struct Inner {
     pub read_only: bool,
     /// The maintenance thread merges fragmented windows when clients idle.
     pub idle_merge: bool,
+    /// Pre-write the log past the head before small client flushes
+    /// (`OpenOptions::prewrite`, space::prewrite).
+    pub prewrite: bool,
     /// When the cleaner works (space for write amplification).
     pub gc: crate::space::cleaner::GcPolicy,
     pub stop: (Mutex<bool>, Condvar),

@@ -104,6 +104,14 @@ pub struct OpenOptions {
     /// With `background`: do not merge fragmented windows while clients
     /// are idle (the cleaner still runs; [`Volume::merge`] still works).
     pub no_idle_merge: bool,
+    /// Before a client flush that follows less than 64 KiB of log, write
+    /// zeros over the next 512 KiB past the log head, once
+    /// ([`crate::space::prewrite`]): commits then overwrite written blocks
+    /// instead of converting the file system's unwritten extents at every
+    /// fdatasync (fsync latency 269 -> 186 us here), at the price of
+    /// writing the log bytes of such a workload twice. Off by default: on
+    /// fsx + fsstress under ext4 it added 18% device writes.
+    pub prewrite: bool,
     /// Always compress client writes with the policy's algorithm, even when
     /// the compression engine falls behind. By default (false) a write
     /// batch may take a faster rung of the ladder under it
@@ -335,6 +343,7 @@ impl Volume {
             poisoned: Mutex::new(None),
             read_only: open.read_only,
             idle_merge: !open.no_idle_merge,
+            prewrite: open.prewrite && !open.read_only,
             gc: open.gc.unwrap_or_default(),
             stop: (Mutex::new(false), Condvar::new()),
             allocate_ahead: open.background && !open.read_only,

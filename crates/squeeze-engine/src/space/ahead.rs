@@ -206,6 +206,8 @@ pub(crate) fn release(inner: &Inner) -> std::io::Result<u64> {
         return Err(inner.storage_failed(e).into_io());
     }
     log.allocated_end = keep;
+    // Zeros pre-written past `keep` are punched out with the rest.
+    log.prewritten.to = log.prewritten.to.min(keep);
     Ok(n)
 }
 
