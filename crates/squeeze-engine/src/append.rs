@@ -291,7 +291,7 @@ impl Inner {
         // Stage 2: one fdatasync makes durable every write that completed
         // before it began: all that stage 1 reported written when it starts.
         // While it runs, the next group's stage 1 writes out (pipelined:
-        // docs/ARCHITECTURE.md, "Flush").
+        // docs/ARCHITECTURE.md, "Flush, pipelined").
         let mut synced = self.sync_lock.lock();
         if *synced >= target {
             return Ok(());

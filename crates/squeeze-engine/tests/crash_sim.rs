@@ -138,6 +138,7 @@ struct Rig {
     /// (`common::Behind`): client writes go below the target and
     /// `upgrade_pass` has work.
     behind: bool,
+    prewrite: bool,
     /// The cleaner's garbage budget: mostly the smallest (the most
     /// cleaning, so the most relocations under power cuts), sometimes the
     /// default.
@@ -167,8 +168,14 @@ impl Rig {
             disk,
             wb,
             behind: false,
+            prewrite: false,
             budget,
         }
+    }
+
+    fn prewrite(mut self, prewrite: bool) -> Rig {
+        self.prewrite = prewrite;
+        self
     }
 
     fn behind(mut self, behind: bool) -> Rig {
@@ -185,6 +192,7 @@ impl Rig {
         o.gc = Some(squeeze_engine::GcPolicy {
             garbage_budget: self.budget,
         });
+        o.prewrite = self.prewrite;
         o
     }
 
@@ -270,7 +278,11 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
     if behind {
         policy.codec = CodecId::Zstd;
     }
-    let mut rig = Rig::over(path, SimStorage::new(), &mut r).behind(behind);
+    // Half the seeds pre-write the log past the head before small flushes
+    // (also from the seed, not the generator).
+    let mut rig = Rig::over(path, SimStorage::new(), &mut r)
+        .behind(behind)
+        .prewrite(seed % 4 >= 2);
     let mut opts = small_opts(SIZE);
     opts.policy = policy;
     let mut vol = Volume::create_with(rig.storage(), &opts, rig.options()).unwrap();

@@ -30,6 +30,8 @@ const USAGE: &str = "usage: squeeze-torture [options]
   --saturated-engine serve with --simulate-saturated-engine: every write is
                      compressed below the target codec, so idle cycles
                      upgrade (use with a higher --idle-percent)
+  --prewrite         serve with --prewrite: small flushes write zeros past
+                     the log head first
   --workdir DIR      where the temp work dir goes (default: system temp)
   --keep             keep the work dir on success (always kept on failure)
   -q, --quiet        no per-cycle lines";
@@ -63,6 +65,7 @@ fn parse_args() -> Result<Options, String> {
             "--seed" => o.seed = num(val("--seed")?)?,
             "--compact" => o.compact = true,
             "--saturated-engine" => o.saturated_engine = true,
+            "--prewrite" => o.prewrite = true,
             "--bin" => o.bin = PathBuf::from(val("--bin")?),
             "--size" => o.size = num(val("--size")?)?,
             "--segment-size" => o.segment_size = val("--segment-size")?,

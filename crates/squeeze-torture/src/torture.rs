@@ -51,6 +51,9 @@ pub struct Options {
     /// batch is compressed below the volume's target codec, so the idle
     /// phases (`idle_percent`) run upgrades and kills land inside them.
     pub saturated_engine: bool,
+    /// Start the server with `--prewrite`: small flushes pre-write zeros
+    /// past the log head, so kills land between zeros and records.
+    pub prewrite: bool,
     /// Where the work directory goes (default: the system temp dir).
     pub workdir: Option<PathBuf>,
     /// Keep the work directory even on success.
@@ -75,6 +78,7 @@ impl Options {
             max_inflight: 16,
             compact: false,
             saturated_engine: false,
+            prewrite: false,
             workdir: None,
             keep: false,
             verbose: false,
@@ -101,6 +105,9 @@ impl Options {
         }
         if self.saturated_engine {
             c.push_str(" --saturated-engine");
+        }
+        if self.prewrite {
+            c.push_str(" --prewrite");
         }
         c
     }
@@ -465,6 +472,9 @@ fn serve_args(o: &Options) -> Vec<&'static str> {
     let mut a = vec!["--gc-budget", "15"];
     if o.saturated_engine {
         a.push("--simulate-saturated-engine");
+    }
+    if o.prewrite {
+        a.push("--prewrite");
     }
     a
 }
