@@ -30,9 +30,9 @@
 //! so each engine pass is compared with the raw pass measured beside it.
 
 use super::PolicyArgs;
-use crate::cmd::import::process_cpu_seconds;
 use crate::util::{human, parse_size};
 use anyhow::{bail, Context, Result};
+use squeeze_codec::process::cpu_seconds as process_cpu_seconds;
 use squeeze_codec::{CompressEngine, Job, JobOutput};
 use squeeze_engine::pipeline::policy::output_limit;
 use squeeze_engine::{

@@ -6,6 +6,7 @@
 use super::PolicyArgs;
 use crate::util::{human, open_volume, progress};
 use anyhow::{bail, Context, Result};
+use squeeze_codec::process::cpu_seconds as process_cpu_seconds;
 use squeeze_engine::{default_policy, CreateOptions};
 use std::fs::File;
 use std::io::IsTerminal;
@@ -169,18 +170,4 @@ pub fn run(a: Args) -> Result<ExitCode> {
         human(st.physical_bytes)
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// CPU seconds (user + system) this process has used.
-pub fn process_cpu_seconds() -> f64 {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct we pass.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
-    if rc != 0 {
-        return 0.0;
-    }
-    // SAFETY: initialised by getrusage on success.
-    let ru = unsafe { ru.assume_init() };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
 }

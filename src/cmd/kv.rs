@@ -7,10 +7,10 @@
 //! - `bench`: load a fresh store, then uniform random reads and updates;
 //!   ops/s, read latency, CPU per operation, peak memory, physical bytes.
 
-use crate::cmd::import::process_cpu_seconds;
 use crate::util::{human, open_volume};
 use anyhow::{bail, Context, Result};
 use rand::Rng;
+use squeeze_codec::process::{cpu_seconds as process_cpu_seconds, peak_rss};
 use squeeze_engine::Volume;
 use squeeze_kv::{CreateStore, Expect, Store, PROBE_MAX_DEFAULT};
 use std::path::{Path, PathBuf};
@@ -187,18 +187,6 @@ fn load(s: &Store, keys: u64, value_size: usize, threads: u64, sync_every: u64) 
         outln!("durable through key {keys}");
     }
     Ok(t0.elapsed().as_secs_f64())
-}
-
-/// Peak resident memory of this process (VmHWM), in bytes.
-fn peak_rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {

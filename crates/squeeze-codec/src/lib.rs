@@ -29,6 +29,7 @@ pub mod error;
 pub mod heuristic;
 pub mod isal;
 pub mod pool;
+pub mod process;
 pub mod saturated;
 pub mod testdata;
 
