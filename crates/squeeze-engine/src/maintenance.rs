@@ -3,7 +3,8 @@
 //! been idle for IDLE_AFTER, merging, upgrading (rewriting with the target
 //! codec what the adaptive codec wrote below it) and cleaning without
 //! pause, one bounded step at a time; a checkpoint every CHECKPOINT_LOG_BYTES of log
-//! or when dead segments wait to be freed.
+//! or when dead segments wait to be freed (RECLAIM_BATCH of them while
+//! clients write, any when idle or short of free segments).
 
 use crate::counters::Counter;
 use crate::meta::checkpoint;
@@ -13,6 +14,12 @@ use std::time::{Duration, Instant};
 
 /// Log bytes after which the background thread writes a checkpoint.
 pub const CHECKPOINT_LOG_BYTES: u64 = 256 << 20;
+
+/// While clients write, dead segments wait until this many can be freed by
+/// one checkpoint (on a small busy volume the cleaner empties a segment
+/// every second or so, and a checkpoint for each was most of its checkpoint
+/// bytes: issue 15).
+pub const RECLAIM_BATCH: u64 = 4;
 
 /// Clients quiet this long, and the maintenance thread works without pause.
 pub const IDLE_AFTER: Duration = Duration::from_secs(1);
@@ -51,7 +58,7 @@ fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
     use crate::space::{cleaner, merge};
     // Merging turns the records it replaces into garbage: collect it first
     // once there is as much as the busy cleaner would start at.
-    let (dead, total) = cleaner::garbage(inner);
+    let (dead, total) = cleaner::collectable(inner);
     if total > 0 && dead as f64 > cleaner::budget(inner, total) * total as f64 {
         match cleaner::background_pass(inner) {
             Ok(Some(rep)) => {
@@ -152,8 +159,22 @@ pub(crate) fn maintenance_loop(inner: &Arc<Inner>) {
                 Err(e) => tracing::warn!("cleaner pass failed: {e}"),
             }
         }
-        let due = inner.log.lock().bytes_since_checkpoint >= CHECKPOINT_LOG_BYTES;
-        if due || checkpoint::reclaimable(inner) {
+        let (due, tight) = {
+            let log = inner.log.lock();
+            (
+                log.bytes_since_checkpoint >= CHECKPOINT_LOG_BYTES,
+                log.table.available() < crate::space::cleaner::TIGHT_SEGMENTS,
+            )
+        };
+        // Dead segments are freed by a checkpoint: while clients write, one
+        // for every RECLAIM_BATCH of them (each checkpoint is a delta, a
+        // superblock and a sync); at once when idle or short of segments.
+        let batch = if tight || active_at.elapsed() >= IDLE_AFTER {
+            1
+        } else {
+            RECLAIM_BATCH
+        };
+        if due || checkpoint::reclaimable_segments(inner) >= batch {
             if let Err(e) = checkpoint::write(inner, false) {
                 tracing::warn!("background checkpoint failed: {e}");
             }

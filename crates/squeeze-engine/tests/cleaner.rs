@@ -220,9 +220,13 @@ fn segments_full_of_raw_blobs_are_not_cleaned_for_their_tail() {
         }
     }
     assert_eq!(v.stats().cleaner_bytes_moved, 0);
-    // Real garbage is still cleaned: overwrite half of it.
-    for (k, c) in d[..4 * MIB as usize].chunks(128 << 10).enumerate() {
-        v.write(k as u64 * (128 << 10), c, false).unwrap();
+    // Real garbage is still cleaned: overwrite two blobs of every three,
+    // which leaves the old segments about a third live (a segment left
+    // with nothing live needs no cleaning, only a checkpoint).
+    for (k, c) in d.chunks(128 << 10).enumerate() {
+        if k % 3 != 0 {
+            v.write(k as u64 * (128 << 10), c, false).unwrap();
+        }
     }
     v.flush().unwrap();
     assert!(
@@ -299,4 +303,73 @@ fn the_garbage_budget_decides_when_cleaning_starts() {
     assert!(got == d);
     v.verify_accounting().unwrap();
     assert!(GcPolicy::with_budget(0.1).is_err() && GcPolicy::with_budget(0.9).is_err());
+}
+
+/// While clients write, the maintenance thread frees the segments the
+/// cleaner empties in batches (a checkpoint for several), and once clients
+/// are idle it frees every one that waits.
+#[test]
+fn busy_cleaning_frees_segments_in_batches_and_all_when_idle() {
+    let s = Arc::new(SimStorage::new());
+    let v = Volume::create_with(
+        s.clone(),
+        &small_opts(32 * MIB),
+        OpenOptions {
+            background: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut r = rng(15);
+    let region = 8 * MIB as usize;
+    let first = data(&mut r, 3, region);
+    v.write(0, &first, false).unwrap();
+    v.flush().unwrap();
+    let before = v.stats();
+    // Busy: overwrites back to back, until the cleaner has emptied and
+    // the maintenance thread freed a good number of segments.
+    let t = std::time::Instant::now();
+    loop {
+        let len = 4096 * r.gen_range(1..=16usize);
+        let off = 4096 * r.gen_range(0..(region - len) / 4096) as u64;
+        v.write(off, &data(&mut r, 3, len), false).unwrap();
+        let st = v.stats();
+        if st.segments_reclaimed - before.segments_reclaimed >= 24 {
+            break;
+        }
+        assert!(
+            t.elapsed().as_secs() < 120,
+            "no segments freed while busy: {st:?}"
+        );
+    }
+    let busy = v.stats();
+    let reclaimed = busy.segments_reclaimed - before.segments_reclaimed;
+    let checkpoints = busy.checkpoints - before.checkpoints;
+    assert!(
+        reclaimed >= 2 * checkpoints,
+        "{reclaimed} segments freed by {checkpoints} checkpoints while busy: not batched"
+    );
+    // Idle: the thread settles (nothing written or freed for 1.5 s), and
+    // then no dead segment is left for a checkpoint to free.
+    let mut last = (busy.segments_reclaimed, busy.log_bytes_written);
+    let mut still = std::time::Instant::now();
+    while still.elapsed().as_millis() < 1500 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let st = v.stats();
+        let now = (st.segments_reclaimed, st.log_bytes_written);
+        if now != last {
+            last = now;
+            still = std::time::Instant::now();
+        }
+        assert!(t.elapsed().as_secs() < 180, "never settled: {st:?}");
+    }
+    let settled = v.stats().segments_reclaimed;
+    v.checkpoint().unwrap();
+    v.checkpoint().unwrap();
+    assert_eq!(
+        v.stats().segments_reclaimed,
+        settled,
+        "dead segments were left waiting once clients were idle"
+    );
+    v.verify_accounting().unwrap();
 }

@@ -62,19 +62,29 @@ pub(crate) fn segments_needed(inner: &Inner, extra_runs: u64) -> u64 {
 /// True when dead log segments wait to be freed (by at most two
 /// checkpoints: see `CheckpointHistory`).
 pub(crate) fn reclaimable(inner: &Inner) -> bool {
+    reclaimable_segments(inner) > 0
+}
+
+/// Dead log segments before the head: a checkpoint frees those also before
+/// the previous checkpoint's head, a second one the rest.
+pub(crate) fn reclaimable_segments(inner: &Inner) -> u64 {
     let log = inner.log.lock();
     let head_seq = match log.table.state(log.head_segment) {
         SegState::Log { opened_seq } => opened_seq,
         _ => 0,
     };
-    // Dead segments before the head: a checkpoint frees those also before
-    // the previous checkpoint's head, a second one the rest.
     let st = inner.state.read();
-    let any = log.table.iter().any(|(s, state)| match state {
-        SegState::Log { opened_seq } => opened_seq < head_seq && st.usage.get(s).live_sectors == 0,
-        _ => false,
-    });
-    any
+    let n = log
+        .table
+        .iter()
+        .filter(|&(s, state)| match state {
+            SegState::Log { opened_seq } => {
+                opened_seq < head_seq && st.usage.get(s).live_sectors == 0
+            }
+            _ => false,
+        })
+        .count();
+    n as u64
 }
 
 /// Whether the next piece starts a new chain.

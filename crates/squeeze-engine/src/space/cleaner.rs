@@ -209,11 +209,26 @@ fn sealed(inner: &Inner) -> (Vec<(SegmentId, u64, u64, u64)>, u64) {
     (v, log.next_seq)
 }
 
+/// Fewer free segments than this, and the cleaner takes any victim and
+/// dead segments are freed at once.
+pub(crate) const TIGHT_SEGMENTS: u64 = 8;
+
 /// Dead bytes in sealed log segments, and their total size.
 pub(crate) fn garbage(inner: &Inner) -> (u64, u64) {
     let (segs, _) = sealed(inner);
     let total = segs.len() as u64 * inner.seg_size;
     let live: u64 = segs.iter().map(|s| s.2).sum();
+    (total.saturating_sub(live), total)
+}
+
+/// As [`garbage`], over the sealed segments that still hold live data: an
+/// empty one waits for a checkpoint to free it (the maintenance thread
+/// batches those), and cleaning another segment would not free it sooner.
+pub(crate) fn collectable(inner: &Inner) -> (u64, u64) {
+    let (segs, _) = sealed(inner);
+    let holding: Vec<_> = segs.iter().filter(|s| s.3 > 0).collect();
+    let total = holding.len() as u64 * inner.seg_size;
+    let live: u64 = holding.iter().map(|s| s.2).sum();
     (total.saturating_sub(live), total)
 }
 
@@ -606,7 +621,7 @@ pub(crate) fn idle_pass(inner: &Inner) -> Result<Option<CleanReport>> {
 /// below the tight limit when free segments run short).
 fn pass(inner: &Inner, reason: Reason) -> Result<Option<CleanReport>> {
     let _one = inner.cleaner_lock.lock();
-    let (dead, total) = garbage(inner);
+    let (dead, total) = collectable(inner);
     let b = budget(inner, total);
     let (start, max_live) = match reason {
         Reason::Busy => (b, 1.0 - b),
@@ -614,7 +629,7 @@ fn pass(inner: &Inner, reason: Reason) -> Result<Option<CleanReport>> {
     };
     let tight = {
         let log = inner.log.lock();
-        log.table.available() < 8
+        log.table.available() < TIGHT_SEGMENTS
     };
     let max_live = if tight {
         VICTIM_LIVE_MAX_TIGHT
