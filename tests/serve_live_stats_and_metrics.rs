@@ -110,6 +110,8 @@ fn stats_and_metrics_grow_while_serving() {
     ] {
         assert_eq!(metric(&m1, name), 0.0, "{name}: {m1}");
     }
+    // Nothing was overwritten: no dead segment waits for a checkpoint.
+    assert_eq!(metric(&m1, "segments_waiting"), 0.0, "{m1}");
     assert_eq!(v["volumes"]["vol"]["write_algorithm"], "zstd:3", "{v}");
     assert_eq!(v["volumes"]["vol"]["below_target_bytes"], 0, "{v}");
     assert!(http_get(&addr, "/nope").starts_with("HTTP/1.0 404"));

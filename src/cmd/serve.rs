@@ -1092,6 +1092,12 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
         |s: &VolumeStats| s.prewritten_bytes
     );
     m!(
+        "segments_waiting",
+        "Log segments with nothing live in them waiting for a checkpoint to free them (freed in batches while clients write).",
+        "gauge",
+        |s: &VolumeStats| s.segments_waiting
+    );
+    m!(
         "write_amplification",
         "Backing bytes written per stored client byte (log, checkpoints and pre-written zeros).",
         "gauge",

@@ -144,9 +144,10 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         s.open_replayed_records
     );
     outln!(
-        "segments               {} in file, {} free, {} reclaimed, {} each",
+        "segments               {} in file, {} free, {} dead waiting for a checkpoint, {} reclaimed, {} each",
         s.segments_total,
         s.segments_free,
+        s.segments_waiting,
         s.segments_reclaimed,
         human(s.segment_size)
     );

@@ -76,6 +76,11 @@ pub struct VolumeStats {
     pub checksum_errors: u64,
     pub segments_total: u64,
     pub segments_free: u64,
+    /// Log segments with nothing live in them that wait for a checkpoint
+    /// to free them (up to `RECLAIM_BATCH` - 1 while clients write, the
+    /// maintenance thread frees them in batches).
+    #[serde(default)]
+    pub segments_waiting: u64,
     pub segments_reclaimed: u64,
     /// Record bytes the cleaner relocated.
     pub cleaner_bytes_moved: u64,
@@ -222,6 +227,7 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         checksum_errors: c.get(Counter::ChecksumErrors),
         segments_total,
         segments_free,
+        segments_waiting: crate::meta::checkpoint::reclaimable_segments(inner),
         segments_reclaimed: c.get(Counter::SegmentsReclaimed),
         cleaner_bytes_moved: c.get(Counter::CleanerBytesMoved),
         cleaner_over_budget_bytes: c.get(Counter::CleanerOverBudgetBytes),

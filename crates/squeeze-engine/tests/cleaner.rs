@@ -329,11 +329,13 @@ fn busy_cleaning_frees_segments_in_batches_and_all_when_idle() {
     // Busy: overwrites back to back, until the cleaner has emptied and
     // the maintenance thread freed a good number of segments.
     let t = std::time::Instant::now();
+    let mut most_waiting = 0;
     loop {
         let len = 4096 * r.gen_range(1..=16usize);
         let off = 4096 * r.gen_range(0..(region - len) / 4096) as u64;
         v.write(off, &data(&mut r, 3, len), false).unwrap();
         let st = v.stats();
+        most_waiting = most_waiting.max(st.segments_waiting);
         if st.segments_reclaimed - before.segments_reclaimed >= 24 {
             break;
         }
@@ -349,6 +351,7 @@ fn busy_cleaning_frees_segments_in_batches_and_all_when_idle() {
         reclaimed >= 2 * checkpoints,
         "{reclaimed} segments freed by {checkpoints} checkpoints while busy: not batched"
     );
+    assert!(most_waiting >= 1, "stats never showed a segment waiting");
     // Idle: the thread settles (nothing written or freed for 1.5 s), and
     // then no dead segment is left for a checkpoint to free.
     let mut last = (busy.segments_reclaimed, busy.log_bytes_written);
@@ -364,6 +367,7 @@ fn busy_cleaning_frees_segments_in_batches_and_all_when_idle() {
         assert!(t.elapsed().as_secs() < 180, "never settled: {st:?}");
     }
     let settled = v.stats().segments_reclaimed;
+    assert_eq!(v.stats().segments_waiting, 0);
     v.checkpoint().unwrap();
     v.checkpoint().unwrap();
     assert_eq!(
