@@ -159,16 +159,22 @@ pub(crate) fn maintenance_loop(inner: &Arc<Inner>) {
                 Err(e) => tracing::warn!("cleaner pass failed: {e}"),
             }
         }
+        let tight_segments = crate::space::cleaner::TIGHT_SEGMENTS;
         let (due, tight) = {
             let log = inner.log.lock();
             (
                 log.bytes_since_checkpoint >= CHECKPOINT_LOG_BYTES,
-                log.table.available() < crate::space::cleaner::TIGHT_SEGMENTS,
+                log.table.available() < tight_segments,
             )
         };
+        // Short of room in the file system under the volume counts too.
+        let tight = tight
+            || matches!(inner.storage.free_bytes(),
+                Ok(Some(free)) if free < tight_segments * inner.seg_size);
         // Dead segments are freed by a checkpoint: while clients write, one
         // for every RECLAIM_BATCH of them (each checkpoint is a delta, a
-        // superblock and a sync); at once when idle or short of segments.
+        // superblock and a sync); at once when idle or short of segments or
+        // of room in the file system.
         let batch = if tight || active_at.elapsed() >= IDLE_AFTER {
             1
         } else {
