@@ -64,7 +64,7 @@ build_tester() {
   done
   pkg-config --exists glib-2.0 2>/dev/null || pkgs+=(libglib2.0-dev)
   pkg-config --exists gnutls 2>/dev/null || pkgs+=(libgnutls28-dev)
-  [[ -d /usr/share/aclocal && -n $(ls /usr/share/aclocal/ax_* 2>/dev/null | head -1) ]] || pkgs+=(autoconf-archive)
+  compgen -G '/usr/share/aclocal/ax_*.m4' >/dev/null || pkgs+=(autoconf-archive)
   if ((${#pkgs[@]})); then
     ((EUID == 0)) || sq_die "building nbd-tester-client needs: apt-get install -y ${pkgs[*]}"
     sq_log "installing ${pkgs[*]}"
@@ -103,8 +103,8 @@ start() {
   rm -rf "$d"; mkdir -p "$d"
   "$BIN" serve --socket "$d/nbd.sock" --size "$size" "$@" "$d/export1.sqz" >"$d/server.log" 2>&1 &
   SRV=$!
-  local i
-  for i in $(seq 100); do [[ -S $d/nbd.sock ]] && return; sleep 0.1; done
+  local _
+  for _ in $(seq 100); do [[ -S $d/nbd.sock ]] && return; sleep 0.1; done
   sq_die "$name: the server did not start; see $d/server.log"
 }
 
@@ -136,6 +136,7 @@ run() {
 }
 
 failed=0
+# shellcheck disable=SC2162 # "read" below is a case's name passed to run, not the builtin
 for c in $CASES; do
   case $c in
     read) start read 4M; run read ok -- -u "$WORK/read/nbd.sock" -N export1; stop read ;;
