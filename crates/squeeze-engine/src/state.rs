@@ -52,6 +52,15 @@ pub(crate) struct LogState {
 }
 
 impl LogState {
+    /// The sequence number the head segment was opened with (0 when the
+    /// head is not in a log segment): segments opened before it are sealed.
+    pub fn head_seq(&self) -> u64 {
+        match self.table.state(self.head_segment) {
+            crate::space::SegState::Log { opened_seq } => opened_seq,
+            _ => 0,
+        }
+    }
+
     /// The head lies in the head segment: after its header, at most at its
     /// end (a full segment). Everything that allocates or punches around
     /// the head relies on it.

@@ -33,6 +33,7 @@ use crate::counters::{Counter, COUNTERS};
 use crate::error::{EngineError, Result};
 use crate::map::{Dirty, SectorMap};
 use crate::meta::superblock as sbio;
+use crate::space::Usage;
 use crate::space::{SegState, SegmentId};
 use crate::state::{Inner, LogState};
 use squeeze_format::checkpoint::piece_len;
@@ -69,22 +70,22 @@ pub(crate) fn reclaimable(inner: &Inner) -> bool {
 /// the previous checkpoint's head, a second one the rest.
 pub(crate) fn reclaimable_segments(inner: &Inner) -> u64 {
     let log = inner.log.lock();
-    let head_seq = match log.table.state(log.head_segment) {
-        SegState::Log { opened_seq } => opened_seq,
-        _ => 0,
-    };
     let st = inner.state.read();
-    let n = log
-        .table
-        .iter()
-        .filter(|&(s, state)| match state {
-            SegState::Log { opened_seq } => {
-                opened_seq < head_seq && st.usage.get(s).live_sectors == 0
-            }
-            _ => false,
-        })
-        .count();
-    n as u64
+    dead_before(&log, &st.usage, log.head_seq()).count() as u64
+}
+
+/// Log segments opened before `seq` with nothing live in them.
+fn dead_before<'a>(
+    log: &'a LogState,
+    usage: &'a Usage,
+    seq: u64,
+) -> impl Iterator<Item = SegmentId> + 'a {
+    log.table.iter().filter_map(move |(s, state)| match state {
+        SegState::Log { opened_seq } if opened_seq < seq && usage.get(s).live_sectors == 0 => {
+            Some(s)
+        }
+        _ => None,
+    })
 }
 
 /// Whether the next piece starts a new chain.
@@ -114,30 +115,13 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         let t = inner.tickets.issued();
         inner.tickets.wait_below(t);
         let mut st = inner.state.write();
-        let head_seq = match log.table.state(log.head_segment) {
-            SegState::Log { opened_seq } => opened_seq,
-            _ => 0,
-        };
+        let new_head_seq = log.head_seq();
         // Log segments are freed only once neither this checkpoint's replay
         // nor the previous one's (the other superblock slot) can visit them.
-        let head_seq = head_seq.min(inner.ckpt_history.lock().prev_head_seq);
-        let freeable: Vec<SegmentId> = log
-            .table
-            .iter()
-            .filter(|&(s, state)| match state {
-                SegState::Log { opened_seq } => {
-                    opened_seq < head_seq && st.usage.get(s).live_sectors == 0
-                }
-                _ => false,
-            })
-            .map(|(s, _)| s)
-            .collect();
+        let before = new_head_seq.min(inner.ckpt_history.lock().prev_head_seq);
+        let freeable: Vec<SegmentId> = dead_before(&log, &st.usage, before).collect();
         log.bytes_since_checkpoint = 0;
         let generation = inner.sb.lock().generation + 1;
-        let new_head_seq = match log.table.state(log.head_segment) {
-            SegState::Log { opened_seq } => opened_seq,
-            _ => 0,
-        };
         // From here until the superblock names the piece, a failure leaves
         // the changes taken out of the map's record: the next checkpoint
         // then writes everything.

@@ -190,10 +190,7 @@ impl CleanReport {
 /// log's next seq.
 fn sealed(inner: &Inner) -> (Vec<(SegmentId, u64, u64, u64)>, u64) {
     let log = inner.log.lock();
-    let head_seq = match log.table.state(log.head_segment) {
-        SegState::Log { opened_seq } => opened_seq,
-        _ => 0,
-    };
+    let head_seq = log.head_seq();
     let st = inner.state.read();
     let v = log
         .table
@@ -215,20 +212,23 @@ pub(crate) const TIGHT_SEGMENTS: u64 = 8;
 
 /// Dead bytes in sealed log segments, and their total size.
 pub(crate) fn garbage(inner: &Inner) -> (u64, u64) {
-    let (segs, _) = sealed(inner);
-    let total = segs.len() as u64 * inner.seg_size;
-    let live: u64 = segs.iter().map(|s| s.2).sum();
-    (total.saturating_sub(live), total)
+    dead_and_total(inner, false)
 }
 
 /// As [`garbage`], over the sealed segments that still hold live data: an
 /// empty one waits for a checkpoint to free it (the maintenance thread
 /// batches those), and cleaning another segment would not free it sooner.
 pub(crate) fn collectable(inner: &Inner) -> (u64, u64) {
+    dead_and_total(inner, true)
+}
+
+fn dead_and_total(inner: &Inner, holding_only: bool) -> (u64, u64) {
     let (segs, _) = sealed(inner);
-    let holding: Vec<_> = segs.iter().filter(|s| s.3 > 0).collect();
-    let total = holding.len() as u64 * inner.seg_size;
-    let live: u64 = holding.iter().map(|s| s.2).sum();
+    let (n, live) = segs
+        .iter()
+        .filter(|s| !holding_only || s.3 > 0)
+        .fold((0u64, 0u64), |(n, live), s| (n + 1, live + s.2));
+    let total = n * inner.seg_size;
     (total.saturating_sub(live), total)
 }
 
