@@ -21,6 +21,15 @@ pub const CHECKPOINT_LOG_BYTES: u64 = 256 << 20;
 /// bytes: issue 15).
 pub const RECLAIM_BATCH: u64 = 4;
 
+/// Fewer free segments than the cleaner's tight limit, in the volume's
+/// segment table or in the file system under it.
+fn short_of_room(inner: &Inner) -> bool {
+    let tight = crate::space::cleaner::TIGHT_SEGMENTS;
+    inner.log.lock().table.available() < tight
+        || matches!(inner.storage.free_bytes(),
+            Ok(Some(free)) if free < tight * inner.seg_size)
+}
+
 /// Clients quiet this long, and the maintenance thread works without pause.
 pub const IDLE_AFTER: Duration = Duration::from_secs(1);
 
@@ -159,28 +168,17 @@ pub(crate) fn maintenance_loop(inner: &Arc<Inner>) {
                 Err(e) => tracing::warn!("cleaner pass failed: {e}"),
             }
         }
-        let tight_segments = crate::space::cleaner::TIGHT_SEGMENTS;
-        let (due, tight) = {
-            let log = inner.log.lock();
-            (
-                log.bytes_since_checkpoint >= CHECKPOINT_LOG_BYTES,
-                log.table.available() < tight_segments,
-            )
-        };
-        // Short of room in the file system under the volume counts too.
-        let tight = tight
-            || matches!(inner.storage.free_bytes(),
-                Ok(Some(free)) if free < tight_segments * inner.seg_size);
+        let due = inner.log.lock().bytes_since_checkpoint >= CHECKPOINT_LOG_BYTES;
         // Dead segments are freed by a checkpoint: while clients write, one
         // for every RECLAIM_BATCH of them (each checkpoint is a delta, a
         // superblock and a sync); at once when idle or short of segments or
         // of room in the file system.
-        let batch = if tight || active_at.elapsed() >= IDLE_AFTER {
-            1
-        } else {
-            RECLAIM_BATCH
-        };
-        if due || checkpoint::reclaimable_segments(inner) >= batch {
+        let waiting = checkpoint::reclaimable_segments(inner);
+        let reclaim = waiting > 0
+            && (waiting >= RECLAIM_BATCH
+                || active_at.elapsed() >= IDLE_AFTER
+                || short_of_room(inner));
+        if due || reclaim {
             if let Err(e) = checkpoint::write(inner, false) {
                 tracing::warn!("background checkpoint failed: {e}");
             }
