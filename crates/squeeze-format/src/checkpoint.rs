@@ -168,9 +168,34 @@ fn piece_head(
 }
 
 fn put_run(buf: &mut Vec<u8>, r: &MapRun) {
-    buf.extend_from_slice(&r.lba.to_le_bytes());
-    buf.extend_from_slice(&r.sectors.to_le_bytes());
-    buf.extend_from_slice(&r.first.0.to_le_bytes());
+    buf.extend_from_slice(&encode_run(r));
+}
+
+/// The encoding of one run: lba u64, sectors u32, first entry u64.
+pub fn encode_run(r: &MapRun) -> [u8; RUN_BYTES] {
+    let mut b = [0u8; RUN_BYTES];
+    b[0..8].copy_from_slice(&r.lba.to_le_bytes());
+    b[8..12].copy_from_slice(&r.sectors.to_le_bytes());
+    b[12..20].copy_from_slice(&r.first.0.to_le_bytes());
+    b
+}
+
+/// Decodes one encoded run (the first [`RUN_BYTES`] of `c`), unchecked: for
+/// runs read back from a piece already checked whole (the engine pages its
+/// map out to the chain and reads parts of pieces back, each part checked
+/// by a CRC it kept).
+pub fn decode_run(c: &[u8]) -> MapRun {
+    MapRun {
+        lba: get_u64(c, 0),
+        sectors: get_u32(c, 8),
+        first: MapEntry(get_u64(c, 12)),
+    }
+}
+
+/// Where the runs of a piece with `counters` counters and `notes` notes
+/// start, from the piece's first byte.
+pub fn runs_offset(counters: usize, notes: usize) -> usize {
+    PIECE_HEADER_SIZE + 8 * counters + NOTE_BYTES * notes
 }
 
 impl PieceWriter {
@@ -411,7 +436,7 @@ impl<'a> Piece<'a> {
         }
         let run_count = get_u64(b, 56);
         let counters_end = PIECE_HEADER_SIZE + 8 * n_counters;
-        let notes_end = counters_end + NOTE_BYTES * n_notes;
+        let notes_end = runs_offset(n_counters, n_notes);
         if notes_end as u64 > len {
             return Err(invalid(format!("{n_notes} notes do not fit {len} bytes")));
         }
@@ -462,17 +487,23 @@ impl<'a> Piece<'a> {
         self.runs.len() / RUN_BYTES
     }
 
+    /// Where the runs start, from the piece's first byte.
+    pub fn runs_offset(&self) -> usize {
+        runs_offset(self.counters.len(), self.notes.len())
+    }
+
+    /// The encoded runs, [`RUN_BYTES`] each (checked by [`Piece::runs`]).
+    pub fn run_bytes(&self) -> &'a [u8] {
+        self.runs
+    }
+
     /// The runs, checked: non-empty, in order, not overlapping, inside
     /// their extent, and mapped in a base.
     pub fn runs(&self) -> impl Iterator<Item = Result<MapRun, FormatError>> + '_ {
         let kind = self.header.kind;
         let mut last_end = 0u64;
         self.runs.chunks_exact(RUN_BYTES).map(move |c| {
-            let r = MapRun {
-                lba: get_u64(c, 0),
-                sectors: get_u32(c, 8),
-                first: MapEntry(get_u64(c, 12)),
-            };
+            let r = decode_run(c);
             let bad = |why: &str| {
                 Err(FormatError::Invalid {
                     what: "checkpoint run",
@@ -590,6 +621,27 @@ mod tests {
         assert_eq!(runs, vec![run(3, 2, 0), run(1000, 32, 3 << 20)]);
         assert_eq!(runs[1].entry(5).index(), 5);
         assert_eq!(runs[0].entry(1), MapEntry::UNMAPPED);
+    }
+
+    /// The runs lie where `runs_offset` says, each as `encode_run` makes it
+    /// (what the engine reads back when it pages its map in).
+    #[test]
+    fn runs_lie_at_runs_offset() {
+        let mut w = PieceWriter::new(&header(PieceKind::Delta, 2), &[1, 2, 3], &notes(), 2);
+        let rs = [run(3, 2, 0), run(1000, 32, 3 << 20)];
+        for r in rs {
+            w.push(r);
+        }
+        let b = w.finish();
+        let p = Piece::decode(&b, &[1; 16]).unwrap();
+        let at = runs_offset(3, notes().len());
+        assert_eq!(p.runs_offset(), at);
+        assert_eq!(p.run_bytes(), &b[at..at + 2 * RUN_BYTES]);
+        for (k, r) in rs.iter().enumerate() {
+            let c = &b[at + k * RUN_BYTES..at + (k + 1) * RUN_BYTES];
+            assert_eq!(c, encode_run(r));
+            assert_eq!(decode_run(c), *r);
+        }
     }
 
     /// A streamed piece, taken in slices of every size and its CRC put in
