@@ -89,6 +89,14 @@ pub struct Args {
     /// when clients are idle (docs/ARCHITECTURE.md, "Adaptive write codec").
     #[arg(long)]
     pub no_adapt: bool,
+    /// RAM the sector map of each volume may use (default 128M, at least
+    /// 64K). Beyond it, map chunks that did not change since the last
+    /// checkpoint page out to the checkpoint chain on the volume and are
+    /// read back when needed; changed chunks stay until the next checkpoint,
+    /// which comes early when they hold the map over its cache.
+    /// docs/ARCHITECTURE.md, "Map paging".
+    #[arg(long, value_parser = parse_size)]
+    pub map_cache: Option<u64>,
     /// Drill, not for production: the compression engine reports itself
     /// always far behind (`squeeze_codec::Saturated`), so every write batch
     /// takes the fastest rung of the adaptive codec's ladder and idle time
@@ -289,6 +297,7 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
                 no_idle_merge: a.no_idle_merge,
                 prewrite: a.prewrite,
                 no_adapt: a.no_adapt,
+                map_cache: a.map_cache,
                 engine: a.simulate_saturated_engine.then(saturated_engine),
                 gc: Some(squeeze_engine::GcPolicy {
                     garbage_budget: a.gc_budget / 100.0,
@@ -1114,6 +1123,24 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
         "RAM used by the sector map.",
         "gauge",
         |s: &VolumeStats| s.map_memory_bytes
+    );
+    m!(
+        "map_cache_bytes",
+        "RAM the sector map may use before chunks page out.",
+        "gauge",
+        |s: &VolumeStats| s.map_cache_bytes
+    );
+    m!(
+        "map_paged_chunks",
+        "Map chunks (2 MiB of logical space each) paged out to the checkpoint chain.",
+        "gauge",
+        |s: &VolumeStats| s.map_paged_chunks
+    );
+    m!(
+        "map_faults_total",
+        "Map chunks read back from the checkpoint chain.",
+        "counter",
+        |s: &VolumeStats| s.map_faults
     );
     m!(
         "checkpoint_chain_bytes",

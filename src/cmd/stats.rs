@@ -182,10 +182,20 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         }
     );
     outln!(
-        "map memory             {} ({:.2} bytes per mapped sector)",
+        "map memory             {} ({:.2} bytes per mapped sector; cache {})",
         human(s.map_memory_bytes),
-        s.map_bytes_per_mapped_sector
+        s.map_bytes_per_mapped_sector,
+        human(s.map_cache_bytes)
     );
+    if s.map_paged_chunks > 0 || s.map_faults > 0 {
+        outln!(
+            "map paging             {} of {} chunks paged out; {} read back, {} paged out since creation",
+            s.map_paged_chunks,
+            s.map_chunks,
+            s.map_faults,
+            s.map_evictions
+        );
+    }
     outln!("checksum errors        {}", s.checksum_errors);
     if let Some(w) = &s.space_warning {
         outln!("WARNING                {w}");

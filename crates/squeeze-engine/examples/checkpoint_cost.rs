@@ -15,8 +15,9 @@
 //! recovery.
 //!
 //! Prints one JSON object: checkpoint bytes per GiB overwritten, log bytes,
-//! write amplification, map RAM, chain shape, and the open time after the
-//! crash.
+//! write amplification, map RAM (its peak, sampled every 4096 writes, and
+//! the paging a `--map-cache SIZE` brings: chunks paged out, read back),
+//! chain shape, and the open time after the crash.
 //!
 //! ```sh
 //! cargo run --release -p squeeze-engine --example checkpoint_cost -- \
@@ -42,6 +43,8 @@ struct Args {
     /// Only open the volume a --keep run left (after its crash, or a
     /// previous --reopen's close) and report the open.
     reopen: bool,
+    /// The map's cache (`OpenOptions::map_cache`); None: the default.
+    map_cache: Option<u64>,
 }
 
 fn size(s: &str) -> u64 {
@@ -66,6 +69,7 @@ fn args() -> Args {
         child: false,
         keep: false,
         reopen: false,
+        map_cache: None,
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -76,6 +80,7 @@ fn args() -> Args {
             "--logical" => a.logical = size(&val()),
             "--mapped" => a.mapped = size(&val()),
             "--overwrite" => a.overwrite = size(&val()),
+            "--map-cache" => a.map_cache = Some(size(&val())),
             "--child" => {
                 a.child = true;
                 i -= 1;
@@ -124,6 +129,7 @@ fn child(a: &Args) {
         &o,
         OpenOptions {
             background: true,
+            map_cache: a.map_cache,
             ..Default::default()
         },
     )
@@ -153,6 +159,7 @@ fn child(a: &Args) {
     let sectors = a.mapped / SECTOR;
     let mut written = 0;
     let mut gen = 1;
+    let mut peak = before.map_memory_bytes;
     while written < a.overwrite {
         let n = r.gen_range(1..=32u64).min(sectors);
         let lba = r.gen_range(0..=sectors - n);
@@ -164,6 +171,7 @@ fn child(a: &Args) {
         gen += 1;
         if gen % 4096 == 0 {
             vol.flush().expect("flush");
+            peak = peak.max(vol.stats().map_memory_bytes);
         }
     }
     vol.flush().expect("flush");
@@ -182,6 +190,12 @@ fn child(a: &Args) {
         "log_bytes_per_gib": (after.log_bytes_written - before.log_bytes_written) as f64 / gib,
         "write_amplification": after.write_amplification,
         "map_memory_bytes": after.map_memory_bytes,
+        "map_memory_peak_bytes": peak.max(after.map_memory_bytes),
+        "map_cache_bytes": after.map_cache_bytes,
+        "map_chunks": after.map_chunks,
+        "map_paged_chunks": after.map_paged_chunks,
+        "map_faults": after.map_faults - before.map_faults,
+        "map_evictions": after.map_evictions - before.map_evictions,
         "map_bytes_per_mapped_sector": after.map_bytes_per_mapped_sector,
         "physical_bytes": after.physical_bytes,
         "writes": gen - 1,
@@ -220,7 +234,14 @@ fn main() {
     };
     let t = Instant::now();
     let storage = Arc::new(FileStorage::open(&path(&a)).expect("open the backing file"));
-    let vol = Volume::open(storage, OpenOptions::default()).expect("open after the crash");
+    let vol = Volume::open(
+        storage,
+        OpenOptions {
+            map_cache: a.map_cache,
+            ..Default::default()
+        },
+    )
+    .expect("open after the crash");
     let open_s = t.elapsed().as_secs_f64();
     let s = vol.stats();
     result["open_after_crash_seconds"] = open_s.into();
@@ -229,6 +250,7 @@ fn main() {
     result["checkpoint_deltas"] = s.checkpoint_deltas.into();
     result["checkpoint_delta_bytes"] = s.checkpoint_delta_bytes.into();
     result["map_memory_bytes_after_open"] = s.map_memory_bytes.into();
+    result["map_paged_chunks_after_open"] = s.map_paged_chunks.into();
     if a.reopen {
         // Leave it as the crash left it for the next --reopen.
         std::process::exit(print(&result));

@@ -134,12 +134,21 @@ impl Inner {
             inner.tickets.complete(ticket);
             return Err(e);
         }
-        {
+        let installed = {
             let mut st = inner.state.write();
+            let mut installed = Ok(());
             for p in placements.iter() {
                 let Some(i) = p.item else { continue };
                 let h = item_header(&inner.uuid, &items[i], buf, p.seq, crcs[i]);
-                st.apply(&h, p.offset, inner.seg_size);
+                // A chunk paged out is paged in here, under the lock; if
+                // that fails the volume has turned read-only, and replay
+                // installs the records written.
+                if let Err(e) =
+                    inner.with_map_mut(&mut st, |st| st.apply(&h, p.offset, inner.seg_size))
+                {
+                    installed = Err(e);
+                    break;
+                }
                 if let Item::Blob {
                     sectors,
                     below_target: true,
@@ -155,8 +164,10 @@ impl Inner {
                         .note_below_target(p.segment, u64::from(*sectors) * SECTOR);
                 }
             }
-        }
+            installed
+        };
         inner.tickets.complete(ticket);
+        installed?;
         let c = &inner.counters;
         for (it, len) in items.iter().zip(&lens) {
             match it {

@@ -5,7 +5,7 @@
 
 use crate::read::read_extent;
 use crate::volume::Volume;
-use squeeze_format::{MapEntry, Superblock, SECTOR_SIZE, SUPERBLOCK_SIZE};
+use squeeze_format::{Superblock, SECTOR_SIZE, SUPERBLOCK_SIZE};
 
 /// A run of damaged sectors and why.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -53,42 +53,50 @@ pub fn check(vol: &Volume, mut progress: impl FnMut(u64, u64)) -> CheckReport {
         Err(e) => report.superblock_slots.push(format!("read failed: {e}")),
     }
     report.accounting = vol.verify_accounting().err();
-    let entries: Vec<(u64, MapEntry)> = inner.state.read().map.iter_mapped().collect();
-    let total = entries.len() as u64;
+    let total = inner.state.read().map.mapped();
     let mut out = vec![0u8; 32 * SECTOR_SIZE];
-    let mut i = 0;
-    while i < entries.len() {
-        let (lba, e) = entries[i];
-        let mut j = i + 1;
-        while j < entries.len()
-            && entries[j].0 == lba + (j - i) as u64
-            && entries[j].1.record_offset() == e.record_offset()
-            && entries[j].1.index() == e.index() + (j - i) as u32
-        {
-            j += 1;
-        }
-        let n = j - i;
-        let res = {
-            let _gate = inner.gate.read();
-            read_extent(inner, e, lba, &mut out[..n * SECTOR_SIZE], true)
-        };
-        if let Err(err) = res {
-            let msg = err.to_string();
-            match report.damaged.last_mut() {
-                Some(d) if d.first_lba + d.sectors == lba && d.error == msg => {
-                    d.sectors += n as u64
-                }
-                _ => report.damaged.push(Damage {
-                    first_lba: lba,
-                    sectors: n as u64,
-                    error: msg,
-                }),
+    // Chunk by chunk (a paged-out map is read back as it goes).
+    let walked = crate::meta::pager::for_each_chunk(inner, |_, entries| {
+        let mut i = 0;
+        while i < entries.len() {
+            let (lba, e) = entries[i];
+            let mut j = i + 1;
+            while j < entries.len()
+                && j - i < 32
+                && entries[j].0 == lba + (j - i) as u64
+                && entries[j].1.record_offset() == e.record_offset()
+                && entries[j].1.index() == e.index() + (j - i) as u32
+            {
+                j += 1;
             }
+            let n = j - i;
+            let res = {
+                let _gate = inner.gate.read();
+                read_extent(inner, e, lba, &mut out[..n * SECTOR_SIZE], true)
+            };
+            if let Err(err) = res {
+                let msg = err.to_string();
+                match report.damaged.last_mut() {
+                    Some(d) if d.first_lba + d.sectors == lba && d.error == msg => {
+                        d.sectors += n as u64
+                    }
+                    _ => report.damaged.push(Damage {
+                        first_lba: lba,
+                        sectors: n as u64,
+                        error: msg,
+                    }),
+                }
+            }
+            report.records_checked += 1;
+            report.sectors_checked += n as u64;
+            i = j;
+            progress(report.sectors_checked, total);
         }
-        report.records_checked += 1;
-        report.sectors_checked += n as u64;
-        i = j;
-        progress(i as u64, total);
+    });
+    if let Err(e) = walked {
+        report
+            .accounting
+            .get_or_insert_with(|| format!("reading the map: {e}"));
     }
     report
 }

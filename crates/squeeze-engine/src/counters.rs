@@ -52,9 +52,11 @@ counters! {
     CleanerIdleBytes = 32, "Record bytes the cleaner relocated while clients were idle, under the budget.";
     CleanerSpaceBytes = 33, "Record bytes the cleaner relocated because free segments ran short (a write waiting for room, or fewer than 8 free).";
     PrewrittenBytes = 34, "Zero bytes written past the log head before small flushes (space::prewrite), so commits overwrite written blocks.";
+    MapFaults = 35, "Map chunks read back from the checkpoint chain (paged in).";
+    MapEvictions = 36, "Map chunks paged out to the checkpoint chain (the map over its cache).";
 }
 
-pub const COUNTERS: usize = 35;
+pub const COUNTERS: usize = 37;
 
 pub struct Counters {
     v: [AtomicU64; COUNTERS],

@@ -9,7 +9,9 @@
 //! - `append`: log reservation, record write, map install, flush
 //! - `maintenance`: the background thread
 //! - `space`: segment states, live bytes, allocation ahead, cleaner, merger
-//! - `meta`: superblock, checkpoints, recovery
+//! - `meta`: superblock, checkpoints, recovery, and paging the map out to
+//!   the checkpoint chain (`meta::pager`)
+//! - `chain_index`: where the checkpoint chain's runs lie (for paging)
 //! - `state`: the shared state every stage works on (`Inner`)
 //! - `locks`: range locks and flush tickets
 //! - `map`: the sector map
@@ -18,6 +20,7 @@
 //! - `counters`, `stats`: the counters, and the stats assembled from them
 
 pub(crate) mod append;
+pub(crate) mod chain_index;
 pub mod check;
 pub mod counters;
 pub mod error;

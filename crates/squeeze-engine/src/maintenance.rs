@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 /// Log bytes after which the background thread writes a checkpoint.
 pub const CHECKPOINT_LOG_BYTES: u64 = 256 << 20;
+/// ... or this many, when the map is over its cache (`meta::pager`).
+pub const PRESSURE_LOG_BYTES: u64 = 16 << 20;
 
 /// While clients write, dead segments wait until this many can be freed by
 /// one checkpoint (on a small busy volume the cleaner empties a segment
@@ -168,7 +170,11 @@ pub(crate) fn maintenance_loop(inner: &Arc<Inner>) {
                 Err(e) => tracing::warn!("cleaner pass failed: {e}"),
             }
         }
-        let due = inner.log.lock().bytes_since_checkpoint >= CHECKPOINT_LOG_BYTES;
+        let since = inner.log.lock().bytes_since_checkpoint;
+        // Chunks changed since the last checkpoint cannot page out: when
+        // they hold the map over its cache, a checkpoint comes early.
+        let due = since >= CHECKPOINT_LOG_BYTES
+            || (since >= PRESSURE_LOG_BYTES && inner.map_over_cache());
         // Dead segments are freed by a checkpoint: while clients write, one
         // for every RECLAIM_BATCH of them (each checkpoint is a delta, a
         // superblock and a sync); at once when idle or short of segments or

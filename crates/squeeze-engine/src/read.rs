@@ -143,7 +143,7 @@ impl Inner {
         let n = out.len() / SECTOR_SIZE;
         let _gate = inner.gate.read();
         let mut entries = vec![MapEntry::UNMAPPED; n];
-        inner.state.read().map.get_range(lba, &mut entries);
+        inner.with_map(|st| st.map.get_range(lba, &mut entries))?;
         if entries.iter().all(|e| !e.is_mapped()) {
             out.fill(0);
             return Ok(true);
@@ -235,23 +235,27 @@ impl Inner {
     ) -> Result<Vec<(u64, bool)>> {
         self.check_range(offset, len)?;
         let end = offset + len;
-        let st = self.state.read();
         let mut runs: Vec<(u64, bool)> = Vec::new();
         let mut at = offset;
         while at < end && runs.len() < max_runs {
             let lba = at / SECTOR;
-            let mapped = st.map.get(lba).is_mapped();
-            let mut next = if mapped {
-                let mut l = lba + 1;
-                while l * SECTOR < end && st.map.get(l).is_mapped() {
-                    l += 1;
-                }
-                l * SECTOR
-            } else {
-                let limit = end.div_ceil(SECTOR);
-                st.map.next_mapped(lba, limit).unwrap_or(limit) * SECTOR
-            };
-            next = next.min(end);
+            // Each step looks at the map afresh: a paged-out chunk is paged
+            // in and the step taken again.
+            let (mapped, next) = self.with_map(|st| {
+                let mapped = st.map.get(lba)?.is_mapped();
+                let next = if mapped {
+                    let mut l = lba + 1;
+                    while l * SECTOR < end && st.map.get(l)?.is_mapped() {
+                        l += 1;
+                    }
+                    l * SECTOR
+                } else {
+                    let limit = end.div_ceil(SECTOR);
+                    st.map.next_mapped(lba, limit)?.unwrap_or(limit) * SECTOR
+                };
+                Ok((mapped, next))
+            })?;
+            let next = next.min(end);
             match runs.last_mut() {
                 Some((l, h)) if *h != mapped => *l += next - at,
                 _ => runs.push((next - at, !mapped)),

@@ -132,22 +132,41 @@ pub struct VolumeStats {
     /// Dead bytes in sealed log segments (what cleaning can reclaim).
     pub garbage_bytes: u64,
     pub segment_size: u64,
+    /// RAM of the sector map (resident chunks, paged-out chunks' slots,
+    /// the record of changes, the index of the checkpoint chain).
     pub map_memory_bytes: u64,
     pub map_bytes_per_mapped_sector: f64,
+    /// The map's cache: RAM it may use before chunks page out.
+    #[serde(default)]
+    pub map_cache_bytes: u64,
+    /// Chunks (2 MiB of logical space each) that map something, and how
+    /// many of them are paged out to the checkpoint chain.
+    #[serde(default)]
+    pub map_chunks: u64,
+    #[serde(default)]
+    pub map_paged_chunks: u64,
+    /// Chunks read back from the chain, and paged out, since the volume
+    /// was created.
+    #[serde(default)]
+    pub map_faults: u64,
+    #[serde(default)]
+    pub map_evictions: u64,
     pub read_only_reason: Option<String>,
 }
 
 /// A point-in-time view of the counters and space.
 pub(crate) fn collect(inner: &Inner) -> VolumeStats {
     let c = &inner.counters;
-    let (mapped, stored, map_mem, below_pending, dirty) = {
+    let (mapped, stored, map_mem, below_pending, dirty, chunks, paged) = {
         let st = inner.state.read();
         (
             st.map.mapped(),
             st.usage.live_bytes,
-            st.map.memory_bytes(),
+            st.map_memory_bytes(),
             st.usage.below_target_total(),
             st.map.dirty_sectors(),
+            st.map.chunk_count() as u64,
+            st.map.paged_count() as u64,
         )
     };
     let write_algorithm = {
@@ -254,6 +273,11 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         } else {
             map_mem as f64 / mapped as f64
         },
+        map_cache_bytes: inner.map_cache(),
+        map_chunks: chunks,
+        map_paged_chunks: paged,
+        map_faults: c.get(Counter::MapFaults),
+        map_evictions: c.get(Counter::MapEvictions),
         read_only_reason: inner.poisoned.lock().clone(),
     }
 }

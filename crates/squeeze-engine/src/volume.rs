@@ -124,7 +124,21 @@ pub struct OpenOptions {
     /// When the cleaner works; None: the default garbage budget
     /// (`space::cleaner::GcPolicy`).
     pub gc: Option<crate::space::cleaner::GcPolicy>,
+    /// Bytes of RAM the sector map may use before chunks that did not
+    /// change since the last checkpoint page out to the checkpoint chain
+    /// (`meta::pager`); None: [`MAP_CACHE_DEFAULT`]. At least
+    /// [`MAP_CACHE_MIN`]. Chunks changed since the last checkpoint stay in
+    /// memory whatever the cache, and so does the whole map while a volume
+    /// opens (recovery reads it whole); the maintenance thread writes a
+    /// checkpoint early when they hold the map over its cache.
+    pub map_cache: Option<u64>,
 }
+
+/// The map's cache by default: 128 MiB holds the map of about 16 TiB
+/// written in 64 KiB blobs, or of 16 GiB of scattered 4 KiB writes.
+pub const MAP_CACHE_DEFAULT: u64 = 128 << 20;
+/// The smallest map cache accepted.
+pub const MAP_CACHE_MIN: u64 = 64 << 10;
 
 /// A squeeze volume. Safe for many concurrent callers.
 pub struct Volume {
@@ -205,6 +219,7 @@ impl Volume {
         let state = MapState {
             map: SectorMap::new(),
             usage: Usage::default(),
+            chain: None,
         };
         let vol = Self::assemble(storage, sb, log, state, &[], open)?;
         checkpoint::write(&vol.inner, false)?;
@@ -251,6 +266,8 @@ impl Volume {
         if !vol.inner.read_only {
             Self::settle_after_open(&vol, needs_checkpoint, rec.replayed)?;
         }
+        // Recovery read the whole map: down to its cache.
+        vol.inner.trim_map();
         let report = OpenReport {
             duration: started.elapsed(),
             replayed: rec.replayed,
@@ -340,6 +357,11 @@ impl Volume {
             cleaner_lock: Mutex::new(()),
             cleaning: Mutex::new(None),
             counters: Counters::default(),
+            map_cache: open
+                .map_cache
+                .unwrap_or(MAP_CACHE_DEFAULT)
+                .max(MAP_CACHE_MIN)
+                .into(),
             poisoned: Mutex::new(None),
             read_only: open.read_only,
             idle_merge: !open.no_idle_merge,
@@ -380,6 +402,16 @@ impl Volume {
         let mut h = self.inner.ckpt_history.lock();
         h.rebase_factor = factor;
         h.rebase_min_bytes = min_bytes;
+    }
+
+    /// Sets the bytes of RAM the sector map may use (tests page the map
+    /// out by setting 0: every chunk that can go, goes at once).
+    #[doc(hidden)]
+    pub fn set_map_cache(&self, bytes: u64) {
+        self.inner
+            .map_cache
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+        self.inner.trim_map();
     }
 
     /// Logical size in bytes.
@@ -435,7 +467,9 @@ impl Volume {
         // The tail given up (or added): no write runs there meanwhile.
         let _range = self.inner.ranges.lock(first, last);
         if new_size < old {
-            let mapped = self.inner.state.read().map.next_mapped(first, u64::MAX);
+            let mapped = self
+                .inner
+                .with_map(|st| st.map.next_mapped(first, u64::MAX))?;
             if let Some(lba) = mapped {
                 return Err(EngineError::Invalid(format!(
                     "cannot shrink to {new_size} bytes: byte {} and perhaps more past it \
@@ -676,13 +710,17 @@ impl Volume {
     }
 
     /// Verifies the accounting invariants (tests and `check`): usage equals
-    /// what the map implies.
+    /// what the map implies, and the checkpoint chain holds what each chunk
+    /// that may page out holds.
     pub fn verify_accounting(&self) -> Result<(), String> {
-        let st = self.inner.state.read();
         let mut u = Usage::default();
-        for (_, e) in st.map.iter_mapped() {
-            u.add(segment_of(e.record_offset(), self.inner.seg_size), e);
-        }
+        crate::meta::pager::for_each_chunk(&self.inner, |_, entries| {
+            for &(_, e) in entries {
+                u.add(segment_of(e.record_offset(), self.inner.seg_size), e);
+            }
+        })
+        .map_err(|e| e.to_string())?;
+        let st = self.inner.state.read();
         for (s, got) in st.usage.iter() {
             if got != u.get(s) {
                 return Err(format!(
@@ -694,6 +732,8 @@ impl Volume {
         if u.live_bytes != st.usage.live_bytes {
             return Err("total live bytes differ".into());
         }
+        drop(st);
+        crate::meta::pager::verify_pages(&self.inner)?;
         Ok(())
     }
 }

@@ -32,6 +32,8 @@ const USAGE: &str = "usage: squeeze-torture [options]
                      upgrade (use with a higher --idle-percent)
   --prewrite         serve with --prewrite: small flushes write zeros past
                      the log head first
+  --map-cache SIZE   serve with --map-cache SIZE (64K pages the map of a
+                     64 MiB volume out to its checkpoint chain)
   --workdir DIR      where the temp work dir goes (default: system temp)
   --keep             keep the work dir on success (always kept on failure)
   -q, --quiet        no per-cycle lines";
@@ -66,6 +68,7 @@ fn parse_args() -> Result<Options, String> {
             "--compact" => o.compact = true,
             "--saturated-engine" => o.saturated_engine = true,
             "--prewrite" => o.prewrite = true,
+            "--map-cache" => o.map_cache = Some(val("--map-cache")?),
             "--bin" => o.bin = PathBuf::from(val("--bin")?),
             "--size" => o.size = num(val("--size")?)?,
             "--segment-size" => o.segment_size = val("--segment-size")?,

@@ -54,6 +54,10 @@ pub struct Options {
     /// Start the server with `--prewrite`: small flushes pre-write zeros
     /// past the log head, so kills land between zeros and records.
     pub prewrite: bool,
+    /// Start the server with `--map-cache SIZE`: a small cache pages the
+    /// sector map out to the checkpoint chain, so kills land while chunks
+    /// are read back and while bases read them.
+    pub map_cache: Option<String>,
     /// Where the work directory goes (default: the system temp dir).
     pub workdir: Option<PathBuf>,
     /// Keep the work directory even on success.
@@ -79,6 +83,7 @@ impl Options {
             compact: false,
             saturated_engine: false,
             prewrite: false,
+            map_cache: None,
             workdir: None,
             keep: false,
             verbose: false,
@@ -108,6 +113,9 @@ impl Options {
         }
         if self.prewrite {
             c.push_str(" --prewrite");
+        }
+        if let Some(m) = &self.map_cache {
+            c.push_str(&format!(" --map-cache {m}"));
         }
         c
     }
@@ -468,13 +476,16 @@ fn run_in(
 /// The server's flags: the smallest garbage budget, so that the cleaner
 /// relocates as much as it ever does while the kills land (the budget
 /// decides when it cleans, not how).
-fn serve_args(o: &Options) -> Vec<&'static str> {
+fn serve_args(o: &Options) -> Vec<&str> {
     let mut a = vec!["--gc-budget", "15"];
     if o.saturated_engine {
         a.push("--simulate-saturated-engine");
     }
     if o.prewrite {
         a.push("--prewrite");
+    }
+    if let Some(m) = &o.map_cache {
+        a.extend(["--map-cache", m.as_str()]);
     }
     a
 }

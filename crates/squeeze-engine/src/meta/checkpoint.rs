@@ -29,15 +29,16 @@
 //!    lies wholly before both checkpoints' replay positions and held no live
 //!    sector at step 1; punch them out. (Nothing durable refers to them.)
 
+use crate::chain_index::{ChainIndex, IndexBuilder, PieceIndex};
 use crate::counters::{Counter, COUNTERS};
 use crate::error::{EngineError, Result};
-use crate::map::{Dirty, SectorMap};
+use crate::meta::pager::read_back;
 use crate::meta::superblock as sbio;
 use crate::space::Usage;
 use crate::space::{SegState, SegmentId};
-use crate::state::{Inner, LogState};
-use squeeze_format::checkpoint::piece_len;
+use crate::state::{Inner, LogState, MapState};
 use squeeze_format::checkpoint::SegmentNote;
+use squeeze_format::checkpoint::{piece_len, runs_offset};
 use squeeze_format::{CheckpointRef, MapRun, PieceHeader, PieceKind, PieceStream, FORMAT_VERSION};
 
 /// A new base once the chain's deltas reach this many times its base ...
@@ -99,6 +100,8 @@ fn wants_base(inner: &Inner) -> bool {
         || version < FORMAT_VERSION
         || len == 0
         || h.delta_bytes >= (h.rebase_factor * h.base_bytes).max(h.rebase_min_bytes)
+        // The map numbers a chain's pieces in 16 bits.
+        || h.deltas + 1 >= u64::from(u16::MAX)
 }
 
 /// Writes a checkpoint; with `clean`, also marks the volume cleanly closed.
@@ -123,10 +126,11 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         log.bytes_since_checkpoint = 0;
         let generation = inner.sb.lock().generation + 1;
         // From here until the superblock names the piece, a failure leaves
-        // the changes taken out of the map's record: the next checkpoint
-        // then writes everything.
+        // the changes taken out of the map's record (they are put back, but
+        // a delta's may be half written): the next checkpoint then writes
+        // everything.
         inner.ckpt_history.lock().need_base = true;
-        let dirty = st.map.take_dirty();
+        st.map.freeze();
         let counters = inner.counters.snapshot();
         let notes = st.usage.below_target_notes();
         let mut header = PieceHeader {
@@ -141,8 +145,8 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
             let b = stream_piece(
                 inner,
                 &mut log,
-                &st.map,
-                Some((&dirty, &chain)),
+                &st,
+                Some(&chain),
                 &header,
                 &counters,
                 &notes,
@@ -158,23 +162,35 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
             Some(b) => b,
             None => {
                 header.kind = PieceKind::Base;
-                stream_piece(inner, &mut log, &st.map, None, &header, &counters, &notes)
+                stream_piece(inner, &mut log, &st, None, &header, &counters, &notes)
             }
         };
         (built, freeable, generation, new_head_seq)
     };
+    // A failure from here on puts the changes back in the map's record.
     let fail = |e: EngineError| {
         inner.poison(&e);
+        inner.state.write().map.thaw();
         e
     };
-    let (new_ref, piece_bytes) = match built {
-        Built::Written { chain, bytes } => (chain, bytes),
+    let (new_ref, piece_bytes, index) = match built {
+        Built::Written {
+            chain,
+            bytes,
+            index,
+        } => (chain, bytes, index),
         Built::TooLong => unreachable!("a base always fits in a new chain"),
-        Built::Refused(e) => return Err(e),
-        Built::AllocFailed(e) => return Err(e.into_engine(inner)),
+        Built::Refused(e) => {
+            inner.state.write().map.thaw();
+            return Err(e);
+        }
+        Built::AllocFailed(e) => {
+            inner.state.write().map.thaw();
+            return Err(e.into_engine(inner));
+        }
         Built::WriteFailed(segs, e) => {
             release(inner, &segs);
-            return Err(fail(e.into()));
+            return Err(fail(e));
         }
     };
     // 2. Everything before the head is durable, and the piece.
@@ -196,6 +212,33 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         sb.clean = clean;
         sbio::write(&*inner.storage, &mut sb).map_err(fail)?;
         debug_assert_eq!(sb.generation, generation);
+    }
+    // The map's chunks are in the chain now: those that did not change
+    // since may page out.
+    {
+        let mut st = inner.state.write();
+        let st = &mut *st;
+        match (&mut st.chain, base) {
+            (Some(c), false) => {
+                c.segments = new_ref.segments.clone();
+                c.pieces.push(index);
+                st.map.note_delta((c.pieces.len() - 1) as u16);
+            }
+            (None, false) => {
+                // A delta on a chain read from format 1 (not indexed):
+                // nothing pages out until the next base.
+                st.map.note_delta(0);
+                st.map.untrack_all();
+            }
+            (_, true) => {
+                st.chain = Some(ChainIndex {
+                    segments: new_ref.segments.clone(),
+                    pieces: vec![index],
+                });
+                st.map.note_base();
+            }
+        }
+        inner.page_out(st);
     }
     inner
         .counters
@@ -320,32 +363,34 @@ fn write_stream(
 
 /// Writes a piece as it is encoded (a piece of a big map is never held
 /// whole in memory: 20 bytes per run, 2.5 times the map itself when every
-/// sector is a record of its own): with `delta` (the sectors changed and
-/// the chain the superblock names), a delta after the chain's last piece,
-/// in the rest of its last segment and then new ones; without, a base of
-/// every run in new segments. Called under the log and state locks, so the
-/// map cannot change between the count of the piece's runs and their
-/// encoding.
+/// sector is a record of its own): with `delta` (the chain the superblock
+/// names), a delta of the map's frozen changes after the chain's last
+/// piece, in the rest of its last segment and then new ones; without, a
+/// base of every run in new segments (paged-out chunks read back from the
+/// chain as they come). Called under the log and state locks, so the map
+/// cannot change between the count of the piece's runs and their encoding.
 fn stream_piece(
     inner: &Inner,
     log: &mut LogState,
-    map: &SectorMap,
-    delta: Option<(&Dirty, &CheckpointRef)>,
+    st: &MapState,
+    delta: Option<&CheckpointRef>,
     header: &PieceHeader,
     counters: &[u64],
     notes: &[SegmentNote],
 ) -> Built {
-    let each_run = |f: &mut dyn FnMut(MapRun)| match delta {
-        Some((dirty, _)) => map.delta_runs(dirty, f),
-        None => map.for_each_run(f),
+    let runs = match delta {
+        Some(_) => {
+            let mut n = 0u64;
+            st.map.delta_runs(|_| n += 1);
+            n
+        }
+        None => st.map.base_runs(),
     };
-    let mut runs = 0u64;
-    each_run(&mut |_| runs += 1);
     let mut w = PieceStream::new(header, counters, notes, runs);
     let len = w.padded_len();
     // The piece is byte `start` on of the chain laid over `segs`.
     let (start, mut segs, room) = match delta {
-        Some((_, chain)) => (
+        Some(chain) => (
             chain.len,
             chain.segments.clone(),
             room_after(inner, chain).min(len),
@@ -373,18 +418,36 @@ fn stream_piece(
         Err(e) => return Built::AllocFailed(e),
     };
     segs.extend_from_slice(&new);
+    let mut index = IndexBuilder::new(start + runs_offset(counters.len(), notes.len()) as u64);
     let mut failed: Option<std::io::Error> = None;
-    each_run(&mut |r| {
+    let mut put = |r: MapRun| {
         if failed.is_some() {
             return;
         }
         w.push(r);
+        index.push(&r);
         if w.pending() >= STREAM_CHUNK {
             let at = start + w.taken();
             let b = w.take();
             failed = write_stream(inner, &segs, at, &b).err();
         }
-    });
+    };
+    let listed = match delta {
+        Some(_) => {
+            st.map.delta_runs(&mut put);
+            Ok(())
+        }
+        None => st.map.for_each_run(
+            |c, pieces| match &st.chain {
+                Some(chain) => read_back(inner, chain, c, pieces),
+                None => Err(inner.internal(format!("map chunk {c} is paged out without a chain"))),
+            },
+            &mut put,
+        ),
+    };
+    if let Err(e) = listed {
+        return Built::WriteFailed(new, e);
+    }
     let r = failed.map_or_else(
         || {
             let at = start + w.taken();
@@ -405,15 +468,21 @@ fn stream_piece(
                 segments: segs,
             },
             bytes: len,
+            index: index.finish(),
         },
-        Err(e) => Built::WriteFailed(new, e),
+        Err(e) => Built::WriteFailed(new, e.into()),
     }
 }
 
 /// What step 1 made.
 enum Built {
-    /// The piece, written; the chain that ends with it, and its bytes.
-    Written { chain: CheckpointRef, bytes: u64 },
+    /// The piece, written; the chain that ends with it, its bytes, and
+    /// where its runs lie.
+    Written {
+        chain: CheckpointRef,
+        bytes: u64,
+        index: PieceIndex,
+    },
     /// A delta that would make the chain longer than the superblock can
     /// list (nothing written): a base instead.
     TooLong,
@@ -421,8 +490,9 @@ enum Built {
     Refused(EngineError),
     /// No room for the piece.
     AllocFailed(AllocError),
-    /// Writing the piece failed; these segments were allocated for it.
-    WriteFailed(Vec<SegmentId>, std::io::Error),
+    /// Writing the piece (or reading a paged-out chunk back for it)
+    /// failed; these segments were allocated for it.
+    WriteFailed(Vec<SegmentId>, EngineError),
 }
 
 /// Returns segments to the free list and punches them out of the file;

@@ -2,5 +2,6 @@
 //! (newest valid checkpoint + replay of the log after it).
 
 pub mod checkpoint;
+pub mod pager;
 pub mod recovery;
 pub mod superblock;

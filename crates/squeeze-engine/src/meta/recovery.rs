@@ -20,9 +20,10 @@
 //! the volume jumps its seqs by SEQ_JUMP_AFTER_RECOVERY and writes a fresh
 //! checkpoint, so records left behind can never be taken for new ones.
 
+use crate::chain_index::{ChainIndex, PieceIndex};
 use crate::counters::Counter;
 use crate::error::{EngineError, Result};
-use crate::map::SectorMap;
+use crate::map::{Paged, SectorMap};
 use crate::space::{SegState, SegmentId, SegmentTable, Usage};
 use crate::state::{head_segment_of, max_segments, segment_of, Inner, LogState, MapState};
 use crate::storage::Storage;
@@ -44,6 +45,12 @@ pub struct Recovered {
     pub checkpoint_head_seq: u64,
     /// The shape of the checkpoint chain read.
     pub chain: ChainShape,
+}
+
+/// A replayed record met a paged-out chunk (nothing pages out before the
+/// volume is open).
+fn paged_at_recovery(p: Paged) -> EngineError {
+    EngineError::Internal(format!("map chunk {} paged out during recovery", p.0))
 }
 
 /// Bytes of a chain's base and deltas; format 1's single stream counts as
@@ -100,11 +107,13 @@ pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<Vec<u8>
 
 /// Loads the map from a format 2 chain: the base, then each delta in order;
 /// every piece is checked by its own CRC, the last one also against the
-/// superblock.
+/// superblock. Indexes where each piece's runs lie as it goes (the map
+/// pages out to them).
 fn load_chain(
     stream: &[u8],
     sb: &Superblock,
     map: &mut SectorMap,
+    index: &mut ChainIndex,
 ) -> Result<(CheckpointPosition, ChainShape)> {
     let max_segs = max_segments(sb);
     let seg_size = u64::from(sb.segment_size);
@@ -113,16 +122,23 @@ fn load_chain(
         ..ChainShape::default()
     };
     let mut last = None;
-    for piece in pieces(stream, &sb.uuid) {
+    let mut at = 0u64;
+    for (k, piece) in pieces(stream, &sb.uuid).enumerate() {
         let piece = piece.map_err(EngineError::Metadata)?;
+        let k = u16::try_from(k).map_err(|_| bad_checkpoint("more than 65535 pieces".into()))?;
         for run in piece.runs() {
             let run = run.map_err(EngineError::Metadata)?;
             check_run(&run, seg_size, max_segs)?;
             match piece.header.kind {
                 PieceKind::Base => map.load_run(run),
-                PieceKind::Delta => map.apply_run(run),
+                PieceKind::Delta => map.apply_run(run, Some(k)),
             }
         }
+        index.pieces.push(PieceIndex::from_bytes(
+            at + piece.runs_offset() as u64,
+            piece.run_bytes(),
+        ));
+        at += piece.len;
         match piece.header.kind {
             PieceKind::Base => shape.base_bytes = piece.len,
             PieceKind::Delta => {
@@ -216,7 +232,10 @@ fn check_run(r: &MapRun, seg_size: u64, max_segs: u32) -> Result<()> {
 
 /// Nothing is mapped past the volume's end.
 fn check_inside(map: &SectorMap, sectors: u64) -> Result<()> {
-    match map.next_mapped(sectors, u64::MAX) {
+    match map
+        .next_mapped(sectors, u64::MAX)
+        .map_err(paged_at_recovery)?
+    {
         Some(lba) => Err(bad_checkpoint(format!(
             "sector {lba} mapped beyond the volume's {sectors} sectors"
         ))),
@@ -233,6 +252,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
     let mut state = MapState {
         map: SectorMap::new(),
         usage: Usage::default(),
+        chain: None,
     };
     let (ck, chain) = if sb.version == 1 {
         let ck = load_v1(&stream, sb, &mut state.map)?;
@@ -242,7 +262,13 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
         };
         (ck, shape)
     } else {
-        load_chain(&stream, sb, &mut state.map)?
+        let mut index = ChainIndex {
+            segments: sb.checkpoint.segments.clone(),
+            pieces: Vec::new(),
+        };
+        let loaded = load_chain(&stream, sb, &mut state.map, &mut index)?;
+        state.chain = Some(index);
+        loaded
     };
     drop(stream);
     check_inside(&state.map, sb.sectors())?;
@@ -252,12 +278,16 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
             ck.generation, sb.generation
         )));
     }
-    state.map.for_each_run(|r| {
-        // A run is consecutive sectors of one extent: one record, one
-        // segment.
-        let seg = segment_of(r.first.record_offset(), seg_size);
-        state.usage.add_run(seg, r.first, r.sectors);
-    });
+    let usage = &mut state.usage;
+    state.map.for_each_run(
+        |c, _| Err(paged_at_recovery(Paged(c))),
+        |r| {
+            // A run is consecutive sectors of one extent: one record,
+            // one segment.
+            let seg = segment_of(r.first.record_offset(), seg_size);
+            usage.add_run(seg, r.first, r.sectors);
+        },
+    )?;
     for n in &ck.notes {
         if n.segment >= max_segs {
             return Err(bad_checkpoint(format!(
@@ -314,7 +344,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
     let mut more = !sb.clean;
     while more {
         if let Some(h) = read_record(storage, sb, head_segment, pos, expected, &mut buf) {
-            state.apply(&h, pos, seg_size);
+            state.apply(&h, pos, seg_size).map_err(paged_at_recovery)?;
             if h.kind == RecordKind::Extent {
                 counters[Counter::BytesWritten as usize] += h.raw_len() as u64;
             }

@@ -348,19 +348,24 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
         }
         Rewrite::Clean => false,
     };
-    if mode == (Rewrite::Upgrade { all: false }) && {
-        let st = inner.state.read();
-        !RecordScan::new(&buf, inner.uuid, Stride::Record).any(|rec| {
-            let h = rec.header;
-            let rec_abs = seg_off + rec.offset as u64;
-            h.kind.has_payload()
-                && upgrade_this(h.codec)
-                && (0..u64::from(h.sectors)).any(|i| {
-                    let e = st.map.get(h.lba + i);
-                    e.is_mapped() && e.record_offset() == rec_abs
-                })
-        })
-    } {
+    if mode == (Rewrite::Upgrade { all: false })
+        && !inner.with_map(|st| {
+            for rec in RecordScan::new(&buf, inner.uuid, Stride::Record) {
+                let h = rec.header;
+                let rec_abs = seg_off + rec.offset as u64;
+                if !h.kind.has_payload() || !upgrade_this(h.codec) {
+                    continue;
+                }
+                for i in 0..u64::from(h.sectors) {
+                    let e = st.map.get(h.lba + i)?;
+                    if e.is_mapped() && e.record_offset() == rec_abs {
+                        return Ok(true);
+                    }
+                }
+            }
+            Ok(false)
+        })?
+    {
         // Nothing below the target here: leave the segment as it is.
         return Ok(CleanReport::default());
     }
@@ -376,15 +381,14 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
             continue;
         }
         let rec_abs = seg_off + rec.offset as u64;
-        let live: Vec<bool> = {
-            let st = inner.state.read();
+        let live: Vec<bool> = inner.with_map(|st| {
             (0..u64::from(h.sectors))
                 .map(|i| {
-                    let e = st.map.get(h.lba + i);
-                    e.is_mapped() && e.record_offset() == rec_abs
+                    let e = st.map.get(h.lba + i)?;
+                    Ok(e.is_mapped() && e.record_offset() == rec_abs)
                 })
                 .collect()
-        };
+        })?;
         if !live.contains(&true) {
             continue;
         }

@@ -134,7 +134,8 @@ pub(crate) fn step(inner: &Inner, cursor: &mut Cursor) -> Result<(MergeReport, b
     let w = u64::from(policy.max_blob_sectors());
     let total = inner.size() / SECTOR_SIZE as u64;
     let mut rep = MergeReport::default();
-    let next = inner.state.read().map.next_mapped(cursor.lba, total);
+    let from = cursor.lba;
+    let next = inner.with_map(|st| st.map.next_mapped(from, total))?;
     let Some(first) = next else {
         cursor.lba = 0;
         return Ok((rep, true));
@@ -150,11 +151,11 @@ pub(crate) fn step(inner: &Inner, cursor: &mut Cursor) -> Result<(MergeReport, b
     };
     let n = (span_end - span_start) as usize;
     let mut entries = vec![MapEntry::UNMAPPED; n];
-    inner.state.read().map.get_range(span_start, &mut entries);
+    inner.with_map(|st| st.map.get_range(span_start, &mut entries))?;
     if wants(&entries) {
         let _range = inner.ranges.lock(span_start, span_end);
         // Look again under the lock: clients may have written meanwhile.
-        inner.state.read().map.get_range(span_start, &mut entries);
+        inner.with_map(|st| st.map.get_range(span_start, &mut entries))?;
         rep = merge_span(inner, &policy, span_start, &entries)?;
     }
     cursor.merged_this_sweep += rep.windows;

@@ -1,0 +1,240 @@
+//! Paging the sector map: when the map uses more RAM than its cache
+//! (`OpenOptions::map_cache`), chunks that did not change since the last
+//! checkpoint page out (`SectorMap::evict`: a clock with a second chance);
+//! the checkpoint chain already holds them, so paging out writes nothing.
+//! A lookup that meets a paged-out chunk reads it back from the pieces of
+//! the chain it is in (`chain_index`: a few KiB per piece, each group of
+//! runs checked by a CRC) and installs it.
+//!
+//! A chunk is paged in under the state's write lock, I/O included: the
+//! chain cannot change meanwhile (a checkpoint names a new chain under the
+//! same lock, and frees only segments of the chain before the previous
+//! one), and nothing can page the chunk out again before the caller uses
+//! it (`with_map` downgrades the lock it paged in with). Faults are rare on
+//! a working set that fits the cache, and each costs one read of a few KiB
+//! per piece.
+//!
+//! A chunk read back that does not match what was paged out (a group's
+//! CRC, its mapped sectors or runs) is corruption of the volume's
+//! metadata: the lookup fails and the volume turns read-only.
+
+use crate::chain_index::ChainIndex;
+use crate::counters::Counter;
+use crate::error::{EngineError, Result};
+use crate::map::{LoadedChunk, Paged};
+use crate::state::{Inner, MapState};
+use parking_lot::RwLockWriteGuard;
+use squeeze_format::{FormatError, CHUNK_ENTRIES};
+use std::sync::atomic::Ordering;
+
+/// Chunks the clock may look at to make room for one chunk paged in (so a
+/// fault on a map whose chunks all changed does not walk all of them: the
+/// map then stays over its cache until the next checkpoint). Never more
+/// than one turn: a chunk paged in for the same operation just before
+/// keeps its second chance.
+const FAULT_LOOKS: usize = 256;
+
+/// Turns of the clock over the resident chunks when trimming the map to
+/// its cache (after a checkpoint, or from the maintenance thread): the
+/// first turn may only take chunks' second chances.
+const TRIM_TURNS: usize = 2;
+
+/// Reads bytes `at..at + out.len()` of the chain laid over its segments.
+fn read_chain(inner: &Inner, chain: &ChainIndex, mut at: u64, mut out: &mut [u8]) -> Result<()> {
+    while !out.is_empty() {
+        let k = (at / inner.seg_size) as usize;
+        let within = at % inner.seg_size;
+        let n = ((inner.seg_size - within) as usize).min(out.len());
+        let Some(&seg) = chain.segments.get(k) else {
+            return Err(inner.internal(format!(
+                "map paging: chain byte {at} lies past the chain's {} segments",
+                chain.segments.len()
+            )));
+        };
+        let (now, rest) = out.split_at_mut(n);
+        inner
+            .storage
+            .read_at(now, inner.segment_offset(seg) + within)
+            .map_err(|e| inner.storage_failed(e))?;
+        out = rest;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Reads chunk `c` back from the pieces of `chain` that hold it: its runs
+/// in each, applied in chain order.
+pub(crate) fn read_back(
+    inner: &Inner,
+    chain: &ChainIndex,
+    c: u64,
+    pieces: &[u16],
+) -> Result<LoadedChunk> {
+    let lo = c * CHUNK_ENTRIES as u64;
+    let hi = lo + CHUNK_ENTRIES as u64;
+    let mut chunk = LoadedChunk::new(c);
+    let mut buf = Vec::new();
+    for &k in pieces {
+        let Some(p) = chain.pieces.get(usize::from(k)) else {
+            return Err(inner.internal(format!(
+                "map chunk {c} is in piece {k} of a chain of {}",
+                chain.pieces.len()
+            )));
+        };
+        let g = p.groups_touching(lo, hi);
+        if g.is_empty() {
+            continue;
+        }
+        let (at, len) = p.span(&g);
+        buf.resize(len, 0);
+        read_chain(inner, chain, at, &mut buf)?;
+        let runs = p.decode(&g, &buf).map_err(|group| {
+            let e = EngineError::Metadata(FormatError::Invalid {
+                what: "checkpoint chain",
+                why: format!(
+                    "runs {} on of piece {k} (read back for map chunk {c}) fail their CRC",
+                    group * crate::chain_index::GROUP_RUNS
+                ),
+            });
+            inner.poison(&e);
+            e
+        })?;
+        for r in runs.into_iter().filter(|r| r.lba < hi && r.end() > lo) {
+            chunk.apply(r);
+        }
+    }
+    Ok(chunk)
+}
+
+impl Inner {
+    /// Bytes of RAM the map may use.
+    pub(crate) fn map_cache(&self) -> u64 {
+        self.map_cache.load(Ordering::Relaxed)
+    }
+
+    /// Pages chunk `c` in (nothing when it is not paged out), under the
+    /// caller's write lock; makes room first.
+    pub(crate) fn page_in(&self, st: &mut MapState, c: u64) -> Result<()> {
+        let Some(pieces) = st.map.paged_pieces(c) else {
+            return Ok(());
+        };
+        let Some(chain) = st.chain.as_ref() else {
+            return Err(self.internal(format!("map chunk {c} is paged out without a chain")));
+        };
+        let loaded = read_back(self, chain, c, &pieces)?;
+        let looks = FAULT_LOOKS.min(st.map.chunk_count() - st.map.paged_count());
+        let out = st.map.evict(self.map_cache(), looks);
+        st.map.install(c, loaded).map_err(|why| {
+            let e = EngineError::Metadata(FormatError::Invalid {
+                what: "checkpoint chain",
+                why,
+            });
+            self.poison(&e);
+            e
+        })?;
+        self.counters.add(Counter::MapFaults, 1);
+        self.counters.add(Counter::MapEvictions, out.chunks);
+        Ok(())
+    }
+
+    /// Runs `f` on the state under the read lock, paging in each chunk it
+    /// meets paged out and running it again.
+    pub(crate) fn with_map<T>(
+        &self,
+        mut f: impl FnMut(&MapState) -> Result<T, Paged>,
+    ) -> Result<T> {
+        let mut st = self.state.read();
+        loop {
+            match f(&st) {
+                Ok(v) => return Ok(v),
+                Err(Paged(c)) => {
+                    drop(st);
+                    let mut w = self.state.write();
+                    self.page_in(&mut w, c)?;
+                    st = RwLockWriteGuard::downgrade(w);
+                }
+            }
+        }
+    }
+
+    /// `with_map` for a caller that holds the write lock.
+    pub(crate) fn with_map_mut<T>(
+        &self,
+        st: &mut MapState,
+        mut f: impl FnMut(&mut MapState) -> Result<T, Paged>,
+    ) -> Result<T> {
+        loop {
+            match f(st) {
+                Ok(v) => return Ok(v),
+                Err(Paged(c)) => self.page_in(st, c)?,
+            }
+        }
+    }
+
+    /// Pages chunks out until the map fits its cache (or nothing more can
+    /// go), under the caller's write lock.
+    pub(crate) fn page_out(&self, st: &mut MapState) {
+        if st.chain.is_none() || st.map.memory_bytes() <= self.map_cache() {
+            return;
+        }
+        let looks = TRIM_TURNS * st.map.chunk_count();
+        let out = st.map.evict(self.map_cache(), looks);
+        self.counters.add(Counter::MapEvictions, out.chunks);
+    }
+
+    /// `page_out` under the state's write lock (the maintenance thread).
+    pub(crate) fn trim_map(&self) {
+        if self.state.read().map.memory_bytes() > self.map_cache() {
+            self.page_out(&mut self.state.write());
+        }
+    }
+
+    /// True when the map uses more RAM than its cache.
+    pub(crate) fn map_over_cache(&self) -> bool {
+        self.state.read().map.memory_bytes() > self.map_cache()
+    }
+}
+
+/// Calls `f` with the mapped entries of each chunk in LBA order, paging
+/// chunks in as it goes (`check`, `Volume::verify_accounting`); the map
+/// may change between chunks.
+pub(crate) fn for_each_chunk(
+    inner: &Inner,
+    mut f: impl FnMut(u64, &[(u64, squeeze_format::MapEntry)]),
+) -> Result<()> {
+    let mut c = 0u64;
+    loop {
+        let Some((k, entries)) = inner.with_map(|st| match st.map.next_chunk(c) {
+            None => Ok(None),
+            Some(k) => Ok(Some((k, st.map.chunk_entries(k)?))),
+        })?
+        else {
+            return Ok(());
+        };
+        f(k, &entries);
+        c = k + 1;
+    }
+}
+
+/// Checks that the chain holds what each resident chunk that could page out
+/// holds (`Volume::verify_accounting`): reads each back and compares.
+pub(crate) fn verify_pages(inner: &Inner) -> std::result::Result<(), String> {
+    let st = inner.state.read();
+    let Some(chain) = st.chain.as_ref() else {
+        return Ok(());
+    };
+    for (c, pieces) in st.map.clean_chunks() {
+        let back = read_back(inner, chain, c, &pieces).map_err(|e| e.to_string())?;
+        let here = st
+            .map
+            .chunk_entries(c)
+            .map_err(|p| format!("chunk {} paged", p.0))?;
+        if back.entries() != here {
+            return Err(format!(
+                "map chunk {c}: the checkpoint chain (pieces {pieces:?}) does not hold \
+                 what the map does"
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,156 @@
+//! The sector map pages out to the checkpoint chain when it uses more RAM
+//! than its cache, and reads chunks back when they are needed: reads,
+//! overwrites, trims, checkpoints (bases and deltas), reopen and crashes
+//! all see the data written; a chain damaged under a paged-out chunk is
+//! reported, never served.
+
+mod common;
+
+use common::*;
+use squeeze_engine::{EngineError, OpenOptions, SimStorage, Volume};
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+const SIZE: u64 = 256 * MIB; // 128 chunks of 2 MiB
+
+fn read_all(v: &Volume) -> Vec<u8> {
+    let mut b = vec![0u8; SIZE as usize];
+    for off in (0..SIZE).step_by(MIB as usize) {
+        v.read(off, &mut b[off as usize..(off + MIB) as usize])
+            .unwrap();
+    }
+    b
+}
+
+/// Scattered 4 KiB writes: every chunk gets some, each a record of its own
+/// (chunks of many runs: what pages out for real).
+fn scatter(v: &Volume, model: &mut [u8], seed: u64, writes: usize) {
+    let mut r = rng(seed);
+    for _ in 0..writes {
+        let off = rand::Rng::gen_range(&mut r, 0..SIZE / 4096) * 4096;
+        let d = data(&mut r, 3, 4096);
+        v.write(off, &d, false).unwrap();
+        model[off as usize..off as usize + 4096].copy_from_slice(&d);
+    }
+    v.flush().unwrap();
+}
+
+fn paged_options() -> OpenOptions {
+    OpenOptions {
+        map_cache: Some(64 << 10),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_paged_map_serves_what_was_written() {
+    let s = Arc::new(SimStorage::new());
+    let v = Volume::create_with(s.clone(), &small_opts(SIZE), paged_options()).unwrap();
+    let mut model = vec![0u8; SIZE as usize];
+    scatter(&v, &mut model, 1, 8000);
+    v.checkpoint().unwrap();
+    let st = v.stats();
+    assert_eq!(st.map_chunks, 128, "{st:?}");
+    assert!(st.map_paged_chunks > 64, "{st:?}");
+    assert!(st.map_memory_bytes < 256 << 10, "{st:?}");
+    assert_eq!(read_all(&v), model);
+    assert!(v.stats().map_faults >= st.map_paged_chunks);
+    // Overwrites and trims over paged-out chunks, deltas and bases.
+    v.set_rebase_threshold(1, 0);
+    for round in 0..6u64 {
+        scatter(&v, &mut model, 10 + round, 1500);
+        let off = round * 37 * MIB / 2;
+        v.trim(off, 3 * MIB, false).unwrap();
+        model[off as usize..(off + 3 * MIB) as usize].fill(0);
+        v.checkpoint().unwrap();
+        assert!(v.stats().map_paged_chunks > 0);
+        assert_eq!(read_all(&v), model, "round {round}");
+    }
+    v.verify_accounting().unwrap();
+    let st = v.stats();
+    assert!(st.map_evictions > 100 && st.map_faults > 100, "{st:?}");
+    // Reopen: recovery reads the whole map, then trims it to the cache.
+    v.close().unwrap();
+    let v = Volume::open(s.clone(), paged_options()).unwrap();
+    let st = v.stats();
+    assert!(st.map_paged_chunks > 64, "{st:?}");
+    assert_eq!(read_all(&v), model);
+    // Writes not checkpointed, then a power cut: replay over a chain the
+    // map had paged out to.
+    scatter(&v, &mut model, 99, 2000);
+    let img = s.crash(&mut rng(5));
+    drop(v);
+    let v = Volume::open(Arc::new(img), paged_options()).unwrap();
+    assert_eq!(read_all(&v), model);
+    v.verify_accounting().unwrap();
+    assert!(squeeze_engine::check::check(&v, |_, _| {}).is_clean());
+}
+
+/// The map's RAM stays near its cache while a volume many times the cache
+/// is written over and over (chunks changed since the last checkpoint stay
+/// in memory: checkpoints come often enough here).
+#[test]
+fn map_memory_follows_the_cache() {
+    let s = Arc::new(SimStorage::new());
+    let cache = 128 << 10;
+    let v = Volume::create_with(
+        s.clone(),
+        &small_opts(SIZE),
+        OpenOptions {
+            map_cache: Some(cache),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut model = vec![0u8; SIZE as usize];
+    let mut peak = 0;
+    for round in 0..10u64 {
+        scatter(&v, &mut model, 100 + round, 1200);
+        v.checkpoint().unwrap();
+        peak = peak.max(v.stats().map_memory_bytes);
+    }
+    let st = v.stats();
+    // Without paging: 128 dense chunks of 4 KiB and more.
+    assert!(st.map_chunks == 128 && st.map_paged_chunks > 32, "{st:?}");
+    assert!(
+        peak <= cache + (64 << 10),
+        "peak {peak} over a cache of {cache}"
+    );
+    assert_eq!(read_all(&v), model);
+}
+
+/// A group of runs damaged in the chain under a paged-out chunk: the read
+/// that needs it fails with a metadata error (never other bytes), and the
+/// volume turns read-only.
+#[test]
+fn a_damaged_chain_is_reported_not_served() {
+    let s = Arc::new(SimStorage::new());
+    let v = Volume::create_with(s.clone(), &small_opts(SIZE), paged_options()).unwrap();
+    let mut model = vec![0u8; SIZE as usize];
+    scatter(&v, &mut model, 7, 8000);
+    v.checkpoint().unwrap();
+    v.set_map_cache(0);
+    assert_eq!(v.stats().map_paged_chunks, 128);
+    // Flip a bit in the middle of the runs of the delta after the (empty)
+    // base: header, counters, then 20 bytes per run.
+    let st = v.stats();
+    assert_eq!((st.checkpoint_base_bytes, st.checkpoint_deltas), (4096, 1));
+    let sb = v.superblock();
+    let seg = sb.checkpoint.segments[0];
+    let run = 4096 + 128 + 8 * squeeze_engine::counters::COUNTERS as u64 + 20 * 4000;
+    s.flip_bit(sb.segment_offset(seg) + run + 3, 2);
+    let mut failed = 0;
+    let mut b = vec![0u8; MIB as usize];
+    for off in (0..SIZE).step_by(MIB as usize) {
+        match v.read(off, &mut b) {
+            Ok(()) => assert_eq!(b[..], model[off as usize..(off + MIB) as usize]),
+            Err(e) => {
+                assert!(matches!(e, EngineError::Metadata(_)), "{e}");
+                failed += 1;
+            }
+        }
+    }
+    assert!(failed > 0);
+    let e = v.write(0, &[1u8; 4096], false).unwrap_err();
+    assert!(matches!(e, EngineError::ReadOnly(_)), "{e}");
+}
