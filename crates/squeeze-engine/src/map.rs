@@ -824,12 +824,17 @@ impl SectorMap {
     /// Takes the record of changes for a checkpoint: kept (`frozen`) until
     /// the checkpoint is named by the superblock (`note_base`,
     /// `note_delta`) or fails (`thaw`).
-    /// A changed chunk already spread over [`PIECES_MAX`] pieces (or
-    /// untracked) is taken whole: the delta then holds all of it, and it is
-    /// in that piece alone.
-    pub fn freeze(&mut self) {
+    /// With `whole_when_full` (the map is over its cache), a changed chunk
+    /// already spread over [`PIECES_MAX`] pieces (or untracked) is taken
+    /// whole: the delta then holds all of it, and it is in that piece
+    /// alone, so it can page out. Without, such a chunk turns untracked
+    /// (it stays in memory, and the delta holds only its changes).
+    pub fn freeze(&mut self, whole_when_full: bool) {
         debug_assert!(self.frozen.is_empty(), "a checkpoint is in progress");
         self.frozen = std::mem::take(&mut self.dirty);
+        if !whole_when_full {
+            return;
+        }
         for (c, bits) in self.frozen.iter_mut() {
             let full = self
                 .chunks
@@ -1230,7 +1235,7 @@ mod tests {
                     .unwrap();
             }
         }
-        m.freeze(); // as a checkpoint does
+        m.freeze(true); // as a checkpoint does
         m.note_base();
         let per = m.memory_bytes() as f64 / m.mapped() as f64;
         assert!(per < 1.5, "{per} bytes per sector");
@@ -1253,7 +1258,7 @@ mod tests {
         // Between checkpoints the record of changes adds a bit per sector.
         let per = m.memory_bytes() as f64 / m.mapped() as f64;
         assert!(per <= 8.45, "{per} bytes per sector");
-        m.freeze();
+        m.freeze(true);
         m.note_base();
         let per = m.memory_bytes() as f64 / m.mapped() as f64;
         assert!(per <= 8.2, "{per} bytes per sector");
@@ -1338,7 +1343,7 @@ mod tests {
                     m.set(l, MapEntry::UNMAPPED).unwrap();
                 }
             }
-            m.freeze();
+            m.freeze(true);
             if round % 10 == 0 {
                 copy = SectorMap::new();
                 m.for_each_run(no_load, |run| copy.load_run(run)).unwrap();
@@ -1419,7 +1424,7 @@ mod tests {
         m.set(11, MapEntry::UNMAPPED).unwrap(); // was unmapped already
         m.set(1 << 30, MapEntry::UNMAPPED).unwrap(); // no chunk at all
         assert_eq!(m.dirty_sectors(), 1);
-        m.freeze();
+        m.freeze(true);
         m.note_delta(1);
         m.set(10, e).unwrap(); // same entry
         assert_eq!(m.dirty_sectors(), 0);
@@ -1472,7 +1477,7 @@ mod tests {
                     }
                 }
             }
-            m.freeze();
+            m.freeze(true);
             if round % 15 == 0 {
                 let mut base = Vec::new();
                 m.for_each_run(|c, p| Ok::<_, ()>(load(&chain, c, p)), |run| base.push(run))
@@ -1536,7 +1541,7 @@ mod tests {
         let mut m = SectorMap::new();
         let mut chain: Vec<Vec<MapRun>> = Vec::new();
         m.set(0, blob(1 << 20, 1, 0)).unwrap();
-        m.freeze();
+        m.freeze(true);
         let mut base = Vec::new();
         m.for_each_run(|_, _| Err(()), |run| base.push(run))
             .unwrap();
@@ -1544,7 +1549,7 @@ mod tests {
         m.note_base();
         for k in 1..PIECES_MAX as u64 {
             m.set(k, blob((1 << 20) + k * 4160, 1, 0)).unwrap();
-            m.freeze();
+            m.freeze(true);
             let mut d = Vec::new();
             m.delta_runs(|run| d.push(run));
             assert_eq!(d.len(), 1);
@@ -1553,7 +1558,7 @@ mod tests {
         }
         // In PIECES_MAX pieces: the next change takes it whole.
         m.set(PIECES_MAX as u64, blob(9 << 20, 1, 0)).unwrap();
-        m.freeze();
+        m.freeze(true);
         let mut d = Vec::new();
         m.delta_runs(|run| d.push(run));
         assert_eq!(
@@ -1572,6 +1577,27 @@ mod tests {
         m.install(0, l).unwrap();
         assert_eq!(m.get(3).unwrap(), blob((1 << 20) + 3 * 4160, 1, 0));
         assert_eq!(m.mapped(), 1 + PIECES_MAX as u64);
+        // Without pressure a chunk in PIECES_MAX pieces turns untracked
+        // instead of going whole into the next delta.
+        let mut q = SectorMap::new();
+        q.set(0, blob(1 << 20, 1, 0)).unwrap();
+        q.freeze(false);
+        q.note_base();
+        for k in 1..=PIECES_MAX as u64 {
+            q.set(k, blob((1 << 20) + k * 4160, 1, 0)).unwrap();
+            q.freeze(false);
+            let mut d = Vec::new();
+            q.delta_runs(|run| d.push(run));
+            assert_eq!(d.len(), 1, "only the change");
+            q.note_delta(k as u16);
+        }
+        assert_eq!(
+            q.evict(0, 10),
+            Evicted {
+                chunks: 0,
+                rewrites: 1
+            }
+        );
         // Untracked (as a chain from format 1 leaves it): an eviction
         // marks it for a rewrite whole instead.
         m.untrack_all();

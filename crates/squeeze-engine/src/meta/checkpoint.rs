@@ -130,7 +130,10 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         // a delta's may be half written): the next checkpoint then writes
         // everything.
         inner.ckpt_history.lock().need_base = true;
-        st.map.freeze();
+        // Chunks spread over too many pieces go whole into this one only
+        // when the map pages.
+        let pressed = st.map_memory_bytes() > inner.map_cache();
+        st.map.freeze(pressed);
         let counters = inner.counters.snapshot();
         let notes = st.usage.below_target_notes();
         let mut header = PieceHeader {
