@@ -714,13 +714,13 @@ impl Volume {
     /// that may page out holds.
     pub fn verify_accounting(&self) -> Result<(), String> {
         let mut u = Usage::default();
-        crate::meta::pager::for_each_chunk(&self.inner, |_, entries| {
+        let st = self.inner.state.read();
+        crate::meta::pager::for_each_chunk_locked(&self.inner, &st, |_, entries| {
             for &(_, e) in entries {
                 u.add(segment_of(e.record_offset(), self.inner.seg_size), e);
             }
         })
         .map_err(|e| e.to_string())?;
-        let st = self.inner.state.read();
         for (s, got) in st.usage.iter() {
             if got != u.get(s) {
                 return Err(format!(

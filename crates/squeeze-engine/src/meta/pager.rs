@@ -195,25 +195,59 @@ impl Inner {
     }
 }
 
-/// Calls `f` with the mapped entries of each chunk in LBA order, paging
-/// chunks in as it goes (`check`, `Volume::verify_accounting`); the map
-/// may change between chunks.
+/// The mapped entries of chunk `c`, resident or read back from the chain
+/// (not installed: walking the whole map does not churn the cache).
+fn entries_of(
+    inner: &Inner,
+    st: &MapState,
+    c: u64,
+) -> Result<Vec<(u64, squeeze_format::MapEntry)>> {
+    match (st.map.paged_pieces(c), st.chain.as_ref()) {
+        (None, _) => st
+            .map
+            .chunk_entries(c)
+            .map_err(|p| inner.internal(format!("map chunk {} paged out twice", p.0))),
+        (Some(pieces), Some(chain)) => Ok(read_back(inner, chain, c, &pieces)?.entries()),
+        (Some(_), None) => {
+            Err(inner.internal(format!("map chunk {c} is paged out without a chain")))
+        }
+    }
+}
+
+/// Calls `f` with the mapped entries of each chunk in LBA order, under the
+/// state's read lock taken anew for each chunk (`check`: the map may change
+/// between chunks).
 pub(crate) fn for_each_chunk(
     inner: &Inner,
     mut f: impl FnMut(u64, &[(u64, squeeze_format::MapEntry)]),
 ) -> Result<()> {
     let mut c = 0u64;
     loop {
-        let Some((k, entries)) = inner.with_map(|st| match st.map.next_chunk(c) {
-            None => Ok(None),
-            Some(k) => Ok(Some((k, st.map.chunk_entries(k)?))),
-        })?
-        else {
-            return Ok(());
+        let (k, entries) = {
+            let st = inner.state.read();
+            let Some(k) = st.map.next_chunk(c) else {
+                return Ok(());
+            };
+            (k, entries_of(inner, &st, k)?)
         };
         f(k, &entries);
         c = k + 1;
     }
+}
+
+/// `for_each_chunk` under one hold of the caller's lock: the whole map at
+/// one moment (`Volume::verify_accounting`).
+pub(crate) fn for_each_chunk_locked(
+    inner: &Inner,
+    st: &MapState,
+    mut f: impl FnMut(u64, &[(u64, squeeze_format::MapEntry)]),
+) -> Result<()> {
+    let mut c = 0u64;
+    while let Some(k) = st.map.next_chunk(c) {
+        f(k, &entries_of(inner, st, k)?);
+        c = k + 1;
+    }
+    Ok(())
 }
 
 /// Checks that the chain holds what each resident chunk that could page out
