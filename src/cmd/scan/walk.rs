@@ -187,7 +187,13 @@ fn data_extents(f: &File, size: u64) -> Vec<(u64, u64)> {
         if hole <= data {
             break;
         }
-        out.push((data, hole - data));
+        // Adjacent extents are one: should a file system answer a hole of
+        // no length between two extents, pieces must not start anew there
+        // (the blobs would not be those of the file laid end to end).
+        match out.last_mut() {
+            Some((s, l)) if *s + *l == data => *l += hole - data,
+            _ => out.push((data, hole - data)),
+        }
         off = hole;
     }
     out
