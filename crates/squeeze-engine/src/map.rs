@@ -459,6 +459,20 @@ struct Slot {
     referenced: AtomicBool,
 }
 
+impl Slot {
+    /// A chunk that maps nothing yet, in `pieces`.
+    fn empty(pieces: Pieces, referenced: bool) -> Slot {
+        Slot {
+            chunk: Chunk::Runs {
+                runs: Vec::new(),
+                mapped: 0,
+            },
+            pieces,
+            referenced: AtomicBool::new(referenced),
+        }
+    }
+}
+
 /// A chunk paged out: what the map's totals and the next base need
 /// without reading it back.
 #[derive(Clone, Copy, Debug)]
@@ -628,17 +642,7 @@ impl SectorMap {
             if !entry.is_mapped() {
                 return Ok(MapEntry::UNMAPPED);
             }
-            self.chunks.insert(
-                c,
-                Slot {
-                    chunk: Chunk::Runs {
-                        runs: Vec::new(),
-                        mapped: 0,
-                    },
-                    pieces: Pieces::none(),
-                    referenced: AtomicBool::new(true),
-                },
-            );
+            self.chunks.insert(c, Slot::empty(Pieces::none(), true));
         }
         let slot = self.chunks.get_mut(&c).expect("inserted above");
         let ch = &mut slot.chunk;
@@ -679,17 +683,7 @@ impl SectorMap {
             let first = r.entry((lba - r.lba) as u32);
             assert!(!self.paged.contains_key(&c), "loading into a paged map");
             if !self.chunks.contains_key(&c) && first.is_mapped() {
-                self.chunks.insert(
-                    c,
-                    Slot {
-                        chunk: Chunk::Runs {
-                            runs: Vec::new(),
-                            mapped: 0,
-                        },
-                        pieces: Pieces::none(),
-                        referenced: AtomicBool::new(false),
-                    },
-                );
+                self.chunks.insert(c, Slot::empty(Pieces::none(), false));
             }
             if let Some(slot) = self.chunks.get_mut(&c) {
                 let ch = &mut slot.chunk;
@@ -719,14 +713,10 @@ impl SectorMap {
             let (c, i) = split(lba);
             let n = (CHUNK_ENTRIES as u64 - u64::from(i)).min(r.end() - lba) as u16;
             let first = r.entry((lba - r.lba) as u32);
-            let slot = self.chunks.entry(c).or_insert_with(|| Slot {
-                chunk: Chunk::Runs {
-                    runs: Vec::new(),
-                    mapped: 0,
-                },
-                pieces: Pieces::only(0),
-                referenced: AtomicBool::new(false),
-            });
+            let slot = self
+                .chunks
+                .entry(c)
+                .or_insert_with(|| Slot::empty(Pieces::only(0), false));
             let ch = &mut slot.chunk;
             let (before, before_b) = (ch.weight(), ch.memory_bytes() as u64);
             let mut too_many_runs = false;
