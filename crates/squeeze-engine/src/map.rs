@@ -948,6 +948,11 @@ impl SectorMap {
         self.paged.len()
     }
 
+    /// Chunks in memory.
+    pub fn resident_count(&self) -> usize {
+        self.chunks.len()
+    }
+
     /// Installs a whole chunk read from a format 1 checkpoint.
     pub fn load_chunk(&mut self, index: u64, entries: Box<[MapEntry; CHUNK_ENTRIES]>) {
         let ch = Chunk::from_dense(entries);

@@ -42,13 +42,20 @@ fn paged_options() -> OpenOptions {
     }
 }
 
-#[test]
-fn a_paged_map_serves_what_was_written() {
+/// A volume with a 64 KiB map cache, 8000 scattered writes and a
+/// checkpoint: most of its map pages out.
+fn paged_volume(seed: u64) -> (Arc<SimStorage>, Volume, Vec<u8>) {
     let s = Arc::new(SimStorage::new());
     let v = Volume::create_with(s.clone(), &small_opts(SIZE), paged_options()).unwrap();
     let mut model = vec![0u8; SIZE as usize];
-    scatter(&v, &mut model, 1, 8000);
+    scatter(&v, &mut model, seed, 8000);
     v.checkpoint().unwrap();
+    (s, v, model)
+}
+
+#[test]
+fn a_paged_map_serves_what_was_written() {
+    let (s, v, mut model) = paged_volume(1);
     let st = v.stats();
     assert_eq!(st.map_chunks, 128, "{st:?}");
     assert!(st.map_paged_chunks > 64, "{st:?}");
@@ -124,11 +131,7 @@ fn map_memory_follows_the_cache() {
 /// volume turns read-only.
 #[test]
 fn a_damaged_chain_is_reported_not_served() {
-    let s = Arc::new(SimStorage::new());
-    let v = Volume::create_with(s.clone(), &small_opts(SIZE), paged_options()).unwrap();
-    let mut model = vec![0u8; SIZE as usize];
-    scatter(&v, &mut model, 7, 8000);
-    v.checkpoint().unwrap();
+    let (s, v, model) = paged_volume(7);
     v.set_map_cache(0);
     assert_eq!(v.stats().map_paged_chunks, 128);
     // Flip a bit in the middle of the runs of the delta after the (empty)

@@ -132,7 +132,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
         inner.ckpt_history.lock().need_base = true;
         // Chunks spread over too many pieces go whole into this one only
         // when the map pages.
-        let pressed = st.map_memory_bytes() > inner.map_cache();
+        let pressed = st.map.memory_bytes() > inner.map_cache();
         st.map.freeze(pressed);
         let counters = inner.counters.snapshot();
         let notes = st.usage.below_target_notes();

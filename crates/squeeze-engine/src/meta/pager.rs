@@ -35,7 +35,7 @@ use std::sync::atomic::Ordering;
 const FAULT_LOOKS: usize = 256;
 
 /// Turns of the clock over the resident chunks when trimming the map to
-/// its cache (after a checkpoint, or from the maintenance thread): the
+/// its cache (after a checkpoint, an open, or a new cache size): the
 /// first turn may only take chunks' second chances.
 const TRIM_TURNS: usize = 2;
 
@@ -122,7 +122,7 @@ impl Inner {
             return Err(self.internal(format!("map chunk {c} is paged out without a chain")));
         };
         let loaded = read_back(self, chain, c, &pieces)?;
-        let looks = FAULT_LOOKS.min(st.map.chunk_count() - st.map.paged_count());
+        let looks = FAULT_LOOKS.min(st.map.resident_count());
         let out = st.map.evict(self.map_cache(), looks);
         st.map.install(c, loaded).map_err(|why| {
             let e = EngineError::Metadata(FormatError::Invalid {
@@ -177,12 +177,13 @@ impl Inner {
         if st.chain.is_none() || st.map.memory_bytes() <= self.map_cache() {
             return;
         }
-        let looks = TRIM_TURNS * st.map.chunk_count();
+        let looks = TRIM_TURNS * st.map.resident_count();
         let out = st.map.evict(self.map_cache(), looks);
         self.counters.add(Counter::MapEvictions, out.chunks);
     }
 
-    /// `page_out` under the state's write lock (the maintenance thread).
+    /// `page_out` under the state's write lock (after an open, and when the
+    /// cache is set).
     pub(crate) fn trim_map(&self) {
         if self.state.read().map.memory_bytes() > self.map_cache() {
             self.page_out(&mut self.state.write());
