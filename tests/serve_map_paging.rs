@@ -88,3 +88,22 @@ fn a_paged_map_serves_qemu_io() {
     io(&srv.qemu_uri(), &expect);
     srv.stop();
 }
+
+/// A map cache below the smallest is refused by name, before anything
+/// opens.
+#[test]
+fn a_map_cache_below_the_smallest_is_refused() {
+    let w = Workdir::new();
+    let out = squeeze()
+        .args(["serve", "--map-cache", "1K"])
+        .arg(w.path("vol.sqz"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("below the smallest map cache, 64.00 KiB"),
+        "{err}"
+    );
+    assert!(!w.path("vol.sqz").exists());
+}

@@ -1,7 +1,8 @@
 //! Every on-disk decoder of squeeze-format on arbitrary bytes: record
 //! headers (and payload verification), superblock slots, format 1
 //! checkpoint streams and their chunks, format 2 checkpoint chains (pieces
-//! and their runs). Bytes from disk must never panic a decoder, and what
+//! and their runs, and a piece streamed through `PieceDecoder`, which must
+//! agree with the whole-piece decoder). Bytes from disk must never panic a decoder, and what
 //! decodes must re-encode to something that decodes to the same value.
 //!
 //! Input: one mode byte, then the bytes handed to every decoder. Mode bits
@@ -12,16 +13,19 @@
 //! - bit 2: take the checkpoint's expected uuid from its own bytes 16..32;
 //! - bit 3: rewrite the checkpoint's chunk count to fit the length;
 //! - bit 4: pad to 4 KiB and set the first piece's length (72..80) and CRC
-//!   (68..72) to fit.
+//!   (68..72) to fit;
+//! - bits 5..8: the size of the slices the piece is streamed in.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use squeeze_format::checkpoint::{pieces, PIECE_ALIGN, PIECE_HEADER_SIZE};
+use squeeze_format::checkpoint::{pieces, Piece, PIECE_ALIGN, PIECE_HEADER_SIZE};
 use squeeze_format::checkpoint_v1::{CheckpointReader, CHECKPOINT_HEADER_SIZE, CHUNK_BYTES};
 use squeeze_format::checksum::{crc32c, crc32c_append};
 use squeeze_format::record::verify_payload;
-use squeeze_format::{MapEntry, RecordHeader, Superblock, RECORD_HEADER_SIZE, SUPERBLOCK_SIZE};
+use squeeze_format::{
+    MapEntry, PieceDecoder, RecordHeader, Superblock, RECORD_HEADER_SIZE, SUPERBLOCK_SIZE,
+};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, bytes)) = data.split_first() else {
@@ -47,6 +51,7 @@ fn chain(mode: u8, bytes: &[u8]) {
         let crc = crc32c_append(crc32c_append(crc32c(&b[..68]), &[0; 4]), &b[72..]);
         b[68..72].copy_from_slice(&crc.to_le_bytes());
     }
+    streamed(mode, &b, &uuid);
     let mut at = 0u64;
     for piece in pieces(&b, &uuid) {
         let Ok(p) = piece else {
@@ -66,6 +71,33 @@ fn chain(mode: u8, bytes: &[u8]) {
             }
         }
         assert!(seen <= p.run_count());
+    }
+}
+
+/// The first piece fed to `PieceDecoder` in slices (their size from the
+/// mode's top bits) decodes exactly when `Piece::decode` takes it whole
+/// and all its runs check, to the same runs.
+fn streamed(mode: u8, b: &[u8], uuid: &[u8; 16]) {
+    let slice = 1 + usize::from(mode >> 5) * 37;
+    let mut d = PieceDecoder::new(*uuid);
+    let mut got = Vec::new();
+    let mut at = 0usize;
+    let mut fed = Ok(());
+    while d.remaining() > 0 && at < b.len() && fed.is_ok() {
+        let n = (d.remaining() as usize).min(slice).min(b.len() - at);
+        fed = d.feed(&b[at..at + n], |r| got.push(r));
+        at += n;
+    }
+    let streamed = fed.and_then(|()| d.finish());
+    let whole = Piece::decode(b, uuid)
+        .and_then(|p| Ok((p.runs().collect::<Result<Vec<_>, _>>()?, p.header, p.crc)));
+    match (streamed, whole) {
+        (Ok(head), Ok((runs, header, crc))) => {
+            assert_eq!(got, runs);
+            assert_eq!((head.header, head.crc), (header, crc));
+        }
+        (Err(_), Err(_)) => {}
+        (s, w) => panic!("streamed {:?}, whole {:?}", s.map(|h| h.crc), w.map(|w| w.2)),
     }
 }
 

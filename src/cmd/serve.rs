@@ -95,7 +95,7 @@ pub struct Args {
     /// read back when needed; changed chunks stay until the next checkpoint,
     /// which comes early when they hold the map over its cache.
     /// docs/ARCHITECTURE.md, "Map paging".
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_map_cache)]
     pub map_cache: Option<u64>,
     /// Drill, not for production: the compression engine reports itself
     /// always far behind (`squeeze_codec::Saturated`), so every write batch
@@ -1210,6 +1210,18 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
         ));
     }
     out
+}
+
+/// `--map-cache`: a size of at least `MAP_CACHE_MIN`.
+fn parse_map_cache(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if v < squeeze_engine::MAP_CACHE_MIN {
+        return Err(format!(
+            "{s} is below the smallest map cache, {}",
+            human(squeeze_engine::MAP_CACHE_MIN)
+        ));
+    }
+    Ok(v)
 }
 
 #[cfg(test)]

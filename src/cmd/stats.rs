@@ -139,9 +139,10 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         s.map_dirty_sectors
     );
     outln!(
-        "last open              {:.3} s, {} log records replayed",
+        "last open              {:.3} s, {} log records replayed, map at most {} meanwhile",
         s.open_seconds,
-        s.open_replayed_records
+        s.open_replayed_records,
+        human(s.open_map_peak_bytes)
     );
     outln!(
         "segments               {} in file, {} free, {} dead waiting for a checkpoint, {} reclaimed, {} each",

@@ -17,7 +17,8 @@
 //! Prints one JSON object: checkpoint bytes per GiB overwritten, log bytes,
 //! write amplification, map RAM (its peak, sampled every 4096 writes, and
 //! the paging a `--map-cache SIZE` brings: chunks paged out, read back),
-//! chain shape, and the open time after the crash.
+//! chain shape, and the open after the crash: its time, the map's peak RAM
+//! meanwhile (`open_map_peak_bytes`) and the process's peak resident set.
 //!
 //! ```sh
 //! cargo run --release -p squeeze-engine --example checkpoint_cost -- \
@@ -251,6 +252,8 @@ fn main() {
     result["checkpoint_delta_bytes"] = s.checkpoint_delta_bytes.into();
     result["map_memory_bytes_after_open"] = s.map_memory_bytes.into();
     result["map_paged_chunks_after_open"] = s.map_paged_chunks.into();
+    result["open_map_peak_bytes"] = s.open_map_peak_bytes.into();
+    result["open_process_peak_rss_bytes"] = peak_rss().into();
     if a.reopen {
         // Leave it as the crash left it for the next --reopen.
         std::process::exit(print(&result));
@@ -260,6 +263,19 @@ fn main() {
     if !a.keep {
         let _ = std::fs::remove_dir_all(&a.dir);
     }
+}
+
+/// The process's peak resident set (VmHWM): this process only opens the
+/// volume (the workload ran in a child).
+fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb << 10)
 }
 
 fn print(v: &serde_json::Value) -> i32 {

@@ -7,8 +7,8 @@
 //! piece, which a partial read cannot check). 16 bytes per 128 runs: about
 //! 0.125 bytes of RAM per run of the chain.
 //!
-//! The index is built as a piece is written (`IndexBuilder`, fed the runs
-//! the writer encodes) or read (`PieceIndex::from_bytes` at recovery), and
+//! The index is built as a piece is written or read (`IndexBuilder`, fed
+//! the runs the writer encodes or recovery decodes, `meta::load`), and
 //! describes the chain the superblock names; pieces are numbered from 0
 //! (the base) in chain order, as the map's chunks record them.
 
@@ -32,8 +32,8 @@ pub struct PieceIndex {
 }
 
 impl PieceIndex {
-    /// Indexes encoded runs (a whole piece's, checked) whose first byte is
-    /// at chain offset `runs_at`.
+    /// Indexes encoded runs whose first byte is at chain offset `runs_at`.
+    #[cfg(test)]
     pub fn from_bytes(runs_at: u64, bytes: &[u8]) -> PieceIndex {
         let mut b = IndexBuilder::new(runs_at);
         for c in bytes.chunks_exact(RUN_BYTES) {

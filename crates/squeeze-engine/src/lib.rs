@@ -45,4 +45,6 @@ pub use squeeze_codec::{Algorithm, CompressEngine, CpuPool};
 pub use squeeze_format::{CodecId, CompressionMode, Policy, SECTOR_SIZE};
 pub use stats::{Space, VolumeStats};
 pub use storage::{FileOptions, FileStorage, IoMode, SimFaults, SimStorage, Storage};
-pub use volume::{default_policy, CreateOptions, OpenOptions, Volume};
+pub use volume::{
+    default_policy, CreateOptions, OpenOptions, Volume, MAP_CACHE_DEFAULT, MAP_CACHE_MIN,
+};

@@ -811,6 +811,30 @@ impl SectorMap {
         Ok(())
     }
 
+    /// Calls `f` with the mapped runs of `lo..hi`, cut to it, in LBA order
+    /// (runs are not joined across chunk edges).
+    pub fn runs_in(&self, lo: u64, hi: u64, mut f: impl FnMut(MapRun)) -> Result<(), Paged> {
+        self.need(lo, hi.saturating_sub(lo))?;
+        let (c0, _) = split(lo);
+        for (&c, s) in self.chunks.range(c0..) {
+            let base = c * CHUNK_ENTRIES as u64;
+            if base >= hi {
+                break;
+            }
+            s.chunk.for_each_run(base, &mut |r| {
+                let (a, b) = (r.lba.max(lo), r.end().min(hi));
+                if a < b {
+                    f(MapRun {
+                        lba: a,
+                        sectors: (b - a) as u32,
+                        first: r.entry((a - r.lba) as u32),
+                    });
+                }
+            });
+        }
+        Ok(())
+    }
+
     /// Takes the record of changes for a checkpoint: kept (`frozen`) until
     /// the checkpoint is named by the superblock (`note_base`,
     /// `note_delta`) or fails (`thaw`).
@@ -1059,15 +1083,17 @@ impl SectorMap {
     /// last passed gets a second chance; changed chunks (since the last
     /// checkpoint, or taken by one in progress) stay. An untracked chunk is
     /// marked changed whole, so that the next checkpoint writes it in one
-    /// piece and it can go after that.
-    pub fn evict(&mut self, budget: u64, looks: usize) -> Evicted {
+    /// piece and it can go after that. Only chunks below chunk `below` are
+    /// looked at (recovery pages out behind the piece it loads).
+    pub fn evict(&mut self, budget: u64, looks: usize, below: u64) -> Evicted {
         let mut done = Evicted::default();
         let mut looked = 0;
-        while self.memory_bytes() > budget && looked < looks && !self.chunks.is_empty() {
+        while self.memory_bytes() > budget && looked < looks {
             looked += 1;
-            let c = match self.chunks.range(self.hand..).next() {
+            let next = self.chunks.range(self.hand.min(below)..below).next();
+            let c = match next.or_else(|| self.chunks.range(..below).next()) {
                 Some((&c, _)) => c,
-                None => *self.chunks.keys().next().expect("not empty"),
+                None => break,
             };
             self.hand = c + 1;
             if self.dirty.contains_key(&c) || self.frozen.contains_key(&c) {
@@ -1487,7 +1513,7 @@ mod tests {
                 m.note_delta((chain.len() - 1) as u16);
             }
             let budget = if round % 3 == 0 { 0 } else { 20_000 };
-            evicted += m.evict(budget, 2 * m.chunk_count()).chunks;
+            evicted += m.evict(budget, 2 * m.chunk_count(), u64::MAX).chunks;
             for (l, want) in model.iter().enumerate() {
                 let got = loop {
                     match m.get(l as u64) {
@@ -1506,7 +1532,7 @@ mod tests {
                 model.iter().filter(|e| e.is_mapped()).count() as u64
             );
             // The next mapped sector of ranges, with chunks paged out.
-            m.evict(0, 2 * m.chunk_count());
+            m.evict(0, 2 * m.chunk_count(), u64::MAX);
             for _ in 0..40 {
                 let lba = r.gen_range(0..span);
                 let end = r.gen_range(lba..=span + 10);
@@ -1562,7 +1588,7 @@ mod tests {
         );
         chain.push(d);
         m.note_delta((chain.len() - 1) as u16);
-        assert_eq!(m.evict(0, 10).chunks, 1);
+        assert_eq!(m.evict(0, 10, u64::MAX).chunks, 1);
         assert_eq!(m.paged_pieces(0), Some(vec![(chain.len() - 1) as u16]));
         assert_eq!(m.get(3), Err(Paged(0)));
         let mut l = LoadedChunk::new(0);
@@ -1587,7 +1613,7 @@ mod tests {
             q.note_delta(k as u16);
         }
         assert_eq!(
-            q.evict(0, 10),
+            q.evict(0, 10, u64::MAX),
             Evicted {
                 chunks: 0,
                 rewrites: 1
@@ -1597,7 +1623,7 @@ mod tests {
         // marks it for a rewrite whole instead.
         m.untrack_all();
         assert_eq!(
-            m.evict(0, 10),
+            m.evict(0, 10, u64::MAX),
             Evicted {
                 chunks: 0,
                 rewrites: 1

@@ -110,6 +110,8 @@ pub(crate) struct OpenReport {
     pub duration: std::time::Duration,
     /// Log records replayed after the checkpoint.
     pub replayed: u64,
+    /// Most RAM the map used while it loaded and replayed.
+    pub map_peak_bytes: u64,
 }
 
 pub(crate) struct MapState {

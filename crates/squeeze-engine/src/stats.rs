@@ -71,6 +71,11 @@ pub struct VolumeStats {
     pub open_seconds: f64,
     #[serde(default)]
     pub open_replayed_records: u64,
+    /// Most RAM the sector map used while the last open loaded it and
+    /// replayed the log (the map pages out as it loads: about the map's
+    /// cache, whatever the map's size).
+    #[serde(default)]
+    pub open_map_peak_bytes: u64,
     /// Backing bytes written per stored byte of client data.
     pub write_amplification: f64,
     pub checksum_errors: u64,
@@ -235,6 +240,7 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         map_dirty_sectors: dirty,
         open_seconds: opened.duration.as_secs_f64(),
         open_replayed_records: opened.replayed,
+        open_map_peak_bytes: opened.map_peak_bytes,
         write_amplification: if client == 0 {
             0.0
         } else {

@@ -126,18 +126,25 @@ pub struct OpenOptions {
     pub gc: Option<crate::space::cleaner::GcPolicy>,
     /// Bytes of RAM the sector map may use before chunks that did not
     /// change since the last checkpoint page out to the checkpoint chain
-    /// (`meta::pager`); None: [`MAP_CACHE_DEFAULT`]. At least
-    /// [`MAP_CACHE_MIN`]. Chunks changed since the last checkpoint stay in
-    /// memory whatever the cache, and so does the whole map while a volume
-    /// opens (recovery reads it whole); the maintenance thread writes a
-    /// checkpoint early when they hold the map over its cache.
+    /// (`meta::pager`); None: [`MAP_CACHE_DEFAULT`]. The map pages out as
+    /// it loads at open too. Chunks changed since the last checkpoint stay
+    /// in memory whatever the cache; the maintenance thread writes a
+    /// checkpoint early when they hold the map over its cache. Any size is
+    /// taken (0 pages out every chunk that can go: tests); the command line
+    /// asks for at least [`MAP_CACHE_MIN`].
     pub map_cache: Option<u64>,
+}
+
+/// The map cache `open` asks for.
+fn map_cache_of(open: &OpenOptions) -> u64 {
+    open.map_cache.unwrap_or(MAP_CACHE_DEFAULT)
 }
 
 /// The map's cache by default: 128 MiB holds the map of about 16 TiB
 /// written in 64 KiB blobs, or of 16 GiB of scattered 4 KiB writes.
 pub const MAP_CACHE_DEFAULT: u64 = 128 << 20;
-/// The smallest map cache accepted.
+/// The smallest map cache `squeeze serve --map-cache` takes (below it,
+/// most lookups would read the map back).
 pub const MAP_CACHE_MIN: u64 = 64 << 10;
 
 /// A squeeze volume. Safe for many concurrent callers.
@@ -246,7 +253,7 @@ impl Volume {
             .into_iter()
             .filter(|s| !sb.checkpoint.segments.contains(s))
             .collect();
-        let rec = recovery::recover(&*storage, &sb, &older)?;
+        let rec = recovery::recover(&*storage, &sb, &older, map_cache_of(&open))?;
         let needs_checkpoint = !sb.clean;
         let mut log = rec.log;
         if needs_checkpoint {
@@ -271,11 +278,13 @@ impl Volume {
         let report = OpenReport {
             duration: started.elapsed(),
             replayed: rec.replayed,
+            map_peak_bytes: rec.map_peak_bytes,
         };
         *vol.inner.opened.lock() = report;
         tracing::info!(
             ms = report.duration.as_millis() as u64,
             replayed = rec.replayed,
+            map_peak_bytes = rec.map_peak_bytes,
             mapped_sectors = vol.inner.state.read().map.mapped(),
             checkpoint_base_bytes = rec.chain.base_bytes,
             checkpoint_deltas = rec.chain.deltas,
@@ -357,11 +366,7 @@ impl Volume {
             cleaner_lock: Mutex::new(()),
             cleaning: Mutex::new(None),
             counters: Counters::default(),
-            map_cache: open
-                .map_cache
-                .unwrap_or(MAP_CACHE_DEFAULT)
-                .max(MAP_CACHE_MIN)
-                .into(),
+            map_cache: map_cache_of(&open).into(),
             poisoned: Mutex::new(None),
             read_only: open.read_only,
             idle_merge: !open.no_idle_merge,

@@ -197,6 +197,10 @@ impl Rig {
             garbage_budget: self.budget,
         });
         o.prewrite = self.prewrite;
+        // No cache: the map pages out as it loads at open, too.
+        if PAGE_OUT.with(|c| c.get()) {
+            o.map_cache = Some(0);
+        }
         o
     }
 
@@ -218,8 +222,9 @@ thread_local! {
     /// checkpoint (odd seeds), so that crashes land in new chains too.
     static REBASE_OFTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// This seed's volumes have no map cache (seed % 5 < 3): every chunk
-    /// that did not change since the last checkpoint pages out, and every
-    /// operation reads its chunks back from the checkpoint chain.
+    /// that did not change since the last checkpoint pages out (as the map
+    /// loads at open, too), and every operation reads its chunks back from
+    /// the checkpoint chain.
     static PAGE_OUT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 

@@ -356,10 +356,184 @@ pub fn stored_crc(piece: &[u8]) -> u32 {
 }
 
 /// CRC-32C of a piece as the header stores it (its crc field read as zero).
-fn piece_crc(b: &[u8]) -> u32 {
+pub(crate) fn piece_crc(b: &[u8]) -> u32 {
     let crc = checksum::crc32c(&b[..68]);
     let crc = checksum::crc32c_append(crc, &[0; 4]);
     checksum::crc32c_append(crc, &b[72..])
+}
+
+/// What a piece's first [`PIECE_HEADER_SIZE`] bytes say, checked: the
+/// magic and version, a length that holds the counters, notes and runs
+/// they count, the volume, the kind and zero reserved bytes (all but the
+/// CRC, which covers the whole piece).
+pub(crate) struct Fixed {
+    pub header: PieceHeader,
+    pub len: u64,
+    pub crc: u32,
+    pub n_counters: usize,
+    pub n_notes: usize,
+    pub run_count: u64,
+}
+
+impl Fixed {
+    /// Where the runs start, from the piece's first byte.
+    pub fn runs_offset(&self) -> usize {
+        runs_offset(self.n_counters, self.n_notes)
+    }
+
+    /// Where the runs end (the padding starts).
+    pub fn runs_end(&self) -> u64 {
+        self.runs_offset() as u64 + self.run_count * RUN_BYTES as u64
+    }
+}
+
+fn invalid_piece(why: String) -> FormatError {
+    FormatError::Invalid {
+        what: "checkpoint piece",
+        why,
+    }
+}
+
+/// The version and length of the piece whose header `b` starts with
+/// (at least [`PIECE_HEADER_SIZE`] bytes).
+fn version_and_len(b: &[u8]) -> Result<(u32, u64), FormatError> {
+    let version = check_magic_and_version(b, OLDEST_VERSION..=VERSION)?;
+    let len = get_u64(b, 72);
+    if len < PIECE_ALIGN || !len.is_multiple_of(PIECE_ALIGN) {
+        return Err(invalid_piece(format!("length {len}")));
+    }
+    Ok((version, len))
+}
+
+/// Decodes and checks the header `b` starts with (see [`Fixed`]).
+pub(crate) fn decode_fixed(b: &[u8], uuid: &[u8; 16]) -> Result<Fixed, FormatError> {
+    if b.len() < PIECE_HEADER_SIZE {
+        return Err(FormatError::Truncated {
+            what: "checkpoint piece",
+            need: PIECE_HEADER_SIZE,
+            have: b.len(),
+        });
+    }
+    let (version, len) = version_and_len(b)?;
+    if &b[16..32] != uuid {
+        return Err(FormatError::WrongVolume { what: "checkpoint" });
+    }
+    let kind = match get_u32(b, 12) {
+        0 => PieceKind::Base,
+        1 => PieceKind::Delta,
+        k => return Err(invalid_piece(format!("unknown kind {k}"))),
+    };
+    let n_counters = get_u32(b, 64) as usize;
+    if n_counters > MAX_COUNTERS {
+        return Err(invalid_piece(format!("{n_counters} counters")));
+    }
+    // Format 2 has no notes: its byte 80 is reserved (zero), checked with
+    // the rest below.
+    let n_notes = if version >= 3 {
+        get_u32(b, 80) as usize
+    } else {
+        0
+    };
+    if n_notes > MAX_NOTES {
+        return Err(invalid_piece(format!("{n_notes} notes")));
+    }
+    let run_count = get_u64(b, 56);
+    let notes_end = runs_offset(n_counters, n_notes);
+    if notes_end as u64 > len {
+        return Err(invalid_piece(format!(
+            "{n_notes} notes do not fit {len} bytes"
+        )));
+    }
+    let runs_end = u128::from(run_count) * RUN_BYTES as u128 + notes_end as u128;
+    if runs_end > u128::from(len) || u128::from(len) - runs_end >= u128::from(PIECE_ALIGN) {
+        return Err(invalid_piece(format!(
+            "{run_count} runs do not fill {len} bytes"
+        )));
+    }
+    let reserved = if version >= 3 { 84 } else { 80 };
+    if b[reserved..PIECE_HEADER_SIZE].iter().any(|&x| x != 0) {
+        return Err(invalid_piece("nonzero reserved bytes".into()));
+    }
+    Ok(Fixed {
+        header: PieceHeader {
+            kind,
+            uuid: *uuid,
+            generation: get_u64(b, 32),
+            next_seq: get_u64(b, 40),
+            head_offset: get_u64(b, 48),
+        },
+        len,
+        crc: get_u32(b, 68),
+        n_counters,
+        n_notes,
+        run_count,
+    })
+}
+
+/// The counters and notes of the piece `b` starts with (at least up to
+/// its runs), checked: notes sorted by segment, each once, bytes non-zero.
+pub(crate) fn decode_counters_and_notes(
+    b: &[u8],
+    f: &Fixed,
+) -> Result<(Vec<u64>, Vec<SegmentNote>), FormatError> {
+    let counters_end = PIECE_HEADER_SIZE + 8 * f.n_counters;
+    let notes: Vec<SegmentNote> = b[counters_end..f.runs_offset()]
+        .chunks_exact(NOTE_BYTES)
+        .map(|c| SegmentNote {
+            segment: get_u32(c, 0),
+            below_target_bytes: get_u64(c, 4),
+        })
+        .collect();
+    if !notes.windows(2).all(|w| w[0].segment < w[1].segment)
+        || notes.iter().any(|n| n.below_target_bytes == 0)
+    {
+        return Err(invalid_piece(
+            "segment notes out of order, repeated or empty".into(),
+        ));
+    }
+    let counters = (0..f.n_counters)
+        .map(|i| get_u64(b, PIECE_HEADER_SIZE + 8 * i))
+        .collect();
+    Ok((counters, notes))
+}
+
+/// Checks a piece's runs in order: non-empty, sorted, not overlapping,
+/// inside their extent, and mapped in a base.
+pub(crate) struct RunCheck {
+    kind: PieceKind,
+    last_end: u64,
+}
+
+impl RunCheck {
+    pub fn new(kind: PieceKind) -> RunCheck {
+        RunCheck { kind, last_end: 0 }
+    }
+
+    pub fn check(&mut self, r: MapRun) -> Result<MapRun, FormatError> {
+        let bad = |why: &str| {
+            Err(FormatError::Invalid {
+                what: "checkpoint run",
+                why: format!("{why}: {r:?}"),
+            })
+        };
+        if r.sectors == 0
+            || r.lba < self.last_end
+            || r.lba.checked_add(u64::from(r.sectors)).is_none()
+        {
+            return bad("empty, overlapping or out of order");
+        }
+        if r.first.is_mapped() {
+            if r.first.record_len() == 0
+                || u64::from(r.first.index()) + u64::from(r.sectors) > u64::from(r.first.sectors())
+            {
+                return bad("runs past its extent");
+            }
+        } else if self.kind == PieceKind::Base {
+            return bad("unmapped run in a base");
+        }
+        self.last_end = r.end();
+        Ok(r)
+    }
 }
 
 /// A decoded piece: its header, counters, notes and a view of its runs.
@@ -379,10 +553,6 @@ impl<'a> Piece<'a> {
     /// Decodes and checks the piece at the start of `b` (which may go on
     /// with later pieces).
     pub fn decode(b: &'a [u8], uuid: &[u8; 16]) -> Result<Self, FormatError> {
-        let invalid = |why: String| FormatError::Invalid {
-            what: "checkpoint piece",
-            why,
-        };
         if b.len() < PIECE_HEADER_SIZE {
             return Err(FormatError::Truncated {
                 what: "checkpoint piece",
@@ -390,11 +560,7 @@ impl<'a> Piece<'a> {
                 have: b.len(),
             });
         }
-        let version = check_magic_and_version(b, OLDEST_VERSION..=VERSION)?;
-        let len = get_u64(b, 72);
-        if len < PIECE_ALIGN || !len.is_multiple_of(PIECE_ALIGN) {
-            return Err(invalid(format!("length {len}")));
-        }
+        let (_, len) = version_and_len(b)?;
         if len > b.len() as u64 {
             return Err(FormatError::Truncated {
                 what: "checkpoint piece",
@@ -403,6 +569,7 @@ impl<'a> Piece<'a> {
             });
         }
         let b = &b[..len as usize];
+        // The CRC first: damage anywhere is reported as damage.
         let crc = get_u32(b, 68);
         let got = piece_crc(b);
         if got != crc {
@@ -412,74 +579,19 @@ impl<'a> Piece<'a> {
                 got,
             });
         }
-        if &b[16..32] != uuid {
-            return Err(FormatError::WrongVolume { what: "checkpoint" });
+        let f = decode_fixed(b, uuid)?;
+        let runs_end = f.runs_end() as usize;
+        if b[runs_end..].iter().any(|&x| x != 0) {
+            return Err(invalid_piece("nonzero padding".into()));
         }
-        let kind = match get_u32(b, 12) {
-            0 => PieceKind::Base,
-            1 => PieceKind::Delta,
-            k => return Err(invalid(format!("unknown kind {k}"))),
-        };
-        let n_counters = get_u32(b, 64) as usize;
-        if n_counters > MAX_COUNTERS {
-            return Err(invalid(format!("{n_counters} counters")));
-        }
-        // Format 2 has no notes: its byte 80 is reserved (zero), checked
-        // with the rest below.
-        let n_notes = if version >= 3 {
-            get_u32(b, 80) as usize
-        } else {
-            0
-        };
-        if n_notes > MAX_NOTES {
-            return Err(invalid(format!("{n_notes} notes")));
-        }
-        let run_count = get_u64(b, 56);
-        let counters_end = PIECE_HEADER_SIZE + 8 * n_counters;
-        let notes_end = runs_offset(n_counters, n_notes);
-        if notes_end as u64 > len {
-            return Err(invalid(format!("{n_notes} notes do not fit {len} bytes")));
-        }
-        let runs_end = u128::from(run_count) * RUN_BYTES as u128 + notes_end as u128;
-        if runs_end > u128::from(len) || u128::from(len) - runs_end >= u128::from(PIECE_ALIGN) {
-            return Err(invalid(format!("{run_count} runs do not fill {len} bytes")));
-        }
-        let runs_end = runs_end as usize;
-        let reserved = if version >= 3 { 84 } else { 80 };
-        if b[reserved..PIECE_HEADER_SIZE].iter().any(|&x| x != 0)
-            || b[runs_end..].iter().any(|&x| x != 0)
-        {
-            return Err(invalid("nonzero reserved bytes or padding".into()));
-        }
-        let notes: Vec<SegmentNote> = b[counters_end..notes_end]
-            .chunks_exact(NOTE_BYTES)
-            .map(|c| SegmentNote {
-                segment: get_u32(c, 0),
-                below_target_bytes: get_u64(c, 4),
-            })
-            .collect();
-        if !notes.windows(2).all(|w| w[0].segment < w[1].segment)
-            || notes.iter().any(|n| n.below_target_bytes == 0)
-        {
-            return Err(invalid(
-                "segment notes out of order, repeated or empty".into(),
-            ));
-        }
+        let (counters, notes) = decode_counters_and_notes(b, &f)?;
         Ok(Piece {
-            header: PieceHeader {
-                kind,
-                uuid: *uuid,
-                generation: get_u64(b, 32),
-                next_seq: get_u64(b, 40),
-                head_offset: get_u64(b, 48),
-            },
-            counters: (0..n_counters)
-                .map(|i| get_u64(b, PIECE_HEADER_SIZE + 8 * i))
-                .collect(),
+            runs: &b[f.runs_offset()..runs_end],
+            header: f.header,
+            counters,
             notes,
             len,
             crc,
-            runs: &b[notes_end..runs_end],
         })
     }
 
@@ -497,38 +609,41 @@ impl<'a> Piece<'a> {
         self.runs
     }
 
-    /// The runs, checked: non-empty, in order, not overlapping, inside
-    /// their extent, and mapped in a base.
+    /// The runs, checked as [`RunCheck`] does.
     pub fn runs(&self) -> impl Iterator<Item = Result<MapRun, FormatError>> + '_ {
-        let kind = self.header.kind;
-        let mut last_end = 0u64;
-        self.runs.chunks_exact(RUN_BYTES).map(move |c| {
-            let r = decode_run(c);
-            let bad = |why: &str| {
-                Err(FormatError::Invalid {
-                    what: "checkpoint run",
-                    why: format!("{why}: {r:?}"),
-                })
-            };
-            if r.sectors == 0
-                || r.lba < last_end
-                || r.lba.checked_add(u64::from(r.sectors)).is_none()
-            {
-                return bad("empty, overlapping or out of order");
-            }
-            if r.first.is_mapped() {
-                if r.first.record_len() == 0
-                    || u64::from(r.first.index()) + u64::from(r.sectors)
-                        > u64::from(r.first.sectors())
-                {
-                    return bad("runs past its extent");
-                }
-            } else if kind == PieceKind::Base {
-                return bad("unmapped run in a base");
-            }
-            last_end = r.end();
-            Ok(r)
-        })
+        let mut check = RunCheck::new(self.header.kind);
+        self.runs
+            .chunks_exact(RUN_BYTES)
+            .map(move |c| check.check(decode_run(c)))
+    }
+}
+
+/// The order of a chain's pieces: a base, then deltas with increasing
+/// generations.
+#[derive(Default)]
+pub struct ChainOrder {
+    last_generation: Option<u64>,
+}
+
+impl ChainOrder {
+    /// Checks the next piece's header (`at`: its chain byte offset, for
+    /// the error).
+    pub fn next(&mut self, h: &PieceHeader, at: u64) -> Result<(), FormatError> {
+        let first = self.last_generation.is_none();
+        if first != (h.kind == PieceKind::Base) {
+            return Err(FormatError::Invalid {
+                what: "checkpoint chain",
+                why: format!("piece at byte {at} is a {:?}", h.kind),
+            });
+        }
+        if self.last_generation.is_some_and(|g| h.generation <= g) {
+            return Err(FormatError::Invalid {
+                what: "checkpoint chain",
+                why: format!("generation {} does not increase", h.generation),
+            });
+        }
+        self.last_generation = Some(h.generation);
+        Ok(())
     }
 }
 
@@ -539,33 +654,16 @@ pub fn pieces<'a>(
     uuid: &'a [u8; 16],
 ) -> impl Iterator<Item = Result<Piece<'a>, FormatError>> + 'a {
     let mut at = 0usize;
-    let mut last_generation: Option<u64> = None;
+    let mut order = ChainOrder::default();
     let mut failed = false;
     std::iter::from_fn(move || {
         if failed || at >= chain.len() {
             return None;
         }
-        let r = Piece::decode(&chain[at..], uuid).and_then(|p| {
-            let first = last_generation.is_none();
-            if first != (p.header.kind == PieceKind::Base) {
-                return Err(FormatError::Invalid {
-                    what: "checkpoint chain",
-                    why: format!("piece at byte {at} is a {:?}", p.header.kind),
-                });
-            }
-            if last_generation.is_some_and(|g| p.header.generation <= g) {
-                return Err(FormatError::Invalid {
-                    what: "checkpoint chain",
-                    why: format!("generation {} does not increase", p.header.generation),
-                });
-            }
-            Ok(p)
-        });
+        let r = Piece::decode(&chain[at..], uuid)
+            .and_then(|p| order.next(&p.header, at as u64).map(|()| p));
         match &r {
-            Ok(p) => {
-                last_generation = Some(p.header.generation);
-                at += p.len as usize;
-            }
+            Ok(p) => at += p.len as usize,
             Err(_) => failed = true,
         }
         Some(r)

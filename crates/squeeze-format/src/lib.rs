@@ -10,6 +10,7 @@ pub mod codec_id;
 pub mod layout;
 mod le;
 pub mod map_entry;
+pub mod piece_decoder;
 pub mod record;
 pub mod superblock;
 
@@ -19,6 +20,7 @@ pub use checkpoint::{
 pub use codec_id::CodecId;
 pub use layout::*;
 pub use map_entry::MapEntry;
+pub use piece_decoder::{PieceDecoder, PieceHead};
 pub use record::{RecordHeader, RecordKind, RecordScan, ScannedRecord, Stride};
 pub use superblock::{CheckpointRef, CompressionMode, Policy, Superblock, FORMAT_VERSION};
 

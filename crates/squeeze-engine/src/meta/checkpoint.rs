@@ -32,7 +32,6 @@
 use crate::chain_index::{ChainIndex, IndexBuilder, PieceIndex};
 use crate::counters::{Counter, COUNTERS};
 use crate::error::{EngineError, Result};
-use crate::meta::pager::read_back;
 use crate::meta::superblock as sbio;
 use crate::space::Usage;
 use crate::space::{SegState, SegmentId};
@@ -442,7 +441,7 @@ fn stream_piece(
         }
         None => st.map.for_each_run(
             |c, pieces| match &st.chain {
-                Some(chain) => read_back(inner, chain, c, pieces),
+                Some(chain) => inner.read_back(chain, c, pieces),
                 None => Err(inner.internal(format!("map chunk {c} is paged out without a chain"))),
             },
             &mut put,

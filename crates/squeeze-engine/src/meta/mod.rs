@@ -2,6 +2,7 @@
 //! (newest valid checkpoint + replay of the log after it).
 
 pub mod checkpoint;
+pub mod load;
 pub mod pager;
 pub mod recovery;
 pub mod superblock;

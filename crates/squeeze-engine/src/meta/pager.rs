@@ -22,9 +22,11 @@ use crate::chain_index::ChainIndex;
 use crate::counters::Counter;
 use crate::error::{EngineError, Result};
 use crate::map::{LoadedChunk, Paged};
+use crate::space::SegmentId;
 use crate::state::{Inner, MapState};
+use crate::storage::Storage;
 use parking_lot::RwLockWriteGuard;
-use squeeze_format::{FormatError, CHUNK_ENTRIES};
+use squeeze_format::{segment_offset, FormatError, CHUNK_ENTRIES};
 use std::sync::atomic::Ordering;
 
 /// Chunks the clock may look at to make room for one chunk paged in (so a
@@ -39,33 +41,42 @@ const FAULT_LOOKS: usize = 256;
 /// first turn may only take chunks' second chances.
 const TRIM_TURNS: usize = 2;
 
-/// Reads bytes `at..at + out.len()` of the chain laid over its segments.
-fn read_chain(inner: &Inner, chain: &ChainIndex, mut at: u64, mut out: &mut [u8]) -> Result<()> {
-    while !out.is_empty() {
-        let k = (at / inner.seg_size) as usize;
-        let within = at % inner.seg_size;
-        let n = ((inner.seg_size - within) as usize).min(out.len());
-        let Some(&seg) = chain.segments.get(k) else {
-            return Err(inner.internal(format!(
-                "map paging: chain byte {at} lies past the chain's {} segments",
-                chain.segments.len()
-            )));
-        };
-        let (now, rest) = out.split_at_mut(n);
-        inner
-            .storage
-            .read_at(now, inner.segment_offset(seg) + within)
-            .map_err(|e| inner.storage_failed(e))?;
-        out = rest;
-        at += n as u64;
+/// Where a chain's bytes are read from: the backing store, the chain
+/// laid over its segments.
+#[derive(Clone, Copy)]
+pub(crate) struct ChainBytes<'a> {
+    pub storage: &'a dyn Storage,
+    pub seg_size: u64,
+}
+
+impl ChainBytes<'_> {
+    /// Reads bytes `at..at + out.len()` of the chain laid over `segments`.
+    pub fn read(&self, segments: &[SegmentId], mut at: u64, mut out: &mut [u8]) -> Result<()> {
+        while !out.is_empty() {
+            let k = (at / self.seg_size) as usize;
+            let within = at % self.seg_size;
+            let n = ((self.seg_size - within) as usize).min(out.len());
+            let Some(&seg) = segments.get(k) else {
+                return Err(EngineError::Internal(format!(
+                    "map paging: chain byte {at} lies past the chain's {} segments",
+                    segments.len()
+                )));
+            };
+            let (now, rest) = out.split_at_mut(n);
+            self.storage
+                .read_at(now, segment_offset(self.seg_size, seg) + within)
+                .map_err(EngineError::from_storage)?;
+            out = rest;
+            at += n as u64;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Reads chunk `c` back from the pieces of `chain` that hold it: its runs
 /// in each, applied in chain order.
 pub(crate) fn read_back(
-    inner: &Inner,
+    src: ChainBytes,
     chain: &ChainIndex,
     c: u64,
     pieces: &[u16],
@@ -76,7 +87,7 @@ pub(crate) fn read_back(
     let mut buf = Vec::new();
     for &k in pieces {
         let Some(p) = chain.pieces.get(usize::from(k)) else {
-            return Err(inner.internal(format!(
+            return Err(EngineError::Internal(format!(
                 "map chunk {c} is in piece {k} of a chain of {}",
                 chain.pieces.len()
             )));
@@ -87,17 +98,15 @@ pub(crate) fn read_back(
         }
         let (at, len) = p.span(&g);
         buf.resize(len, 0);
-        read_chain(inner, chain, at, &mut buf)?;
+        src.read(&chain.segments, at, &mut buf)?;
         let runs = p.decode(&g, &buf).map_err(|group| {
-            let e = EngineError::Metadata(FormatError::Invalid {
+            EngineError::Metadata(FormatError::Invalid {
                 what: "checkpoint chain",
                 why: format!(
                     "runs {} on of piece {k} (read back for map chunk {c}) fail their CRC",
                     group * crate::chain_index::GROUP_RUNS
                 ),
-            });
-            inner.poison(&e);
-            e
+            })
         })?;
         for r in runs.into_iter().filter(|r| r.lba < hi && r.end() > lo) {
             chunk.apply(r);
@@ -106,35 +115,121 @@ pub(crate) fn read_back(
     Ok(chunk)
 }
 
+/// Pages a map in and out of its chain: at run time for a volume
+/// (`Inner::pager`), and while recovery loads the map, before there is one.
+pub(crate) struct Pager<'a> {
+    pub src: ChainBytes<'a>,
+    /// Bytes of RAM the map may use.
+    pub cache: u64,
+    /// Only chunks below this one page out (recovery: the chunks the
+    /// piece it loads has passed by).
+    pub below: u64,
+    /// Chunks paged in and out so far.
+    pub faults: u64,
+    pub evictions: u64,
+}
+
+impl<'a> Pager<'a> {
+    pub fn new(src: ChainBytes<'a>, cache: u64) -> Pager<'a> {
+        Pager {
+            src,
+            cache,
+            below: u64::MAX,
+            faults: 0,
+            evictions: 0,
+        }
+    }
+
+    /// Pages chunk `c` in (nothing when it is not paged out); makes room
+    /// first. A chunk read back that does not match what was paged out is
+    /// a metadata error.
+    pub fn page_in(&mut self, st: &mut MapState, c: u64) -> Result<()> {
+        let Some(pieces) = st.map.paged_pieces(c) else {
+            return Ok(());
+        };
+        let Some(chain) = st.chain.as_ref() else {
+            return Err(EngineError::Internal(format!(
+                "map chunk {c} is paged out without a chain"
+            )));
+        };
+        let loaded = read_back(self.src, chain, c, &pieces)?;
+        let looks = FAULT_LOOKS.min(st.map.resident_count());
+        let out = st.map.evict(self.cache, looks, self.below);
+        st.map.install(c, loaded).map_err(|why| {
+            EngineError::Metadata(FormatError::Invalid {
+                what: "checkpoint chain",
+                why,
+            })
+        })?;
+        self.faults += 1;
+        self.evictions += out.chunks;
+        Ok(())
+    }
+
+    /// Runs `f` on the state, paging in each chunk it meets paged out and
+    /// running it again.
+    pub fn with_map_mut<T>(
+        &mut self,
+        st: &mut MapState,
+        mut f: impl FnMut(&mut MapState) -> Result<T, Paged>,
+    ) -> Result<T> {
+        loop {
+            match f(st) {
+                Ok(v) => return Ok(v),
+                Err(Paged(c)) => self.page_in(st, c)?,
+            }
+        }
+    }
+
+    /// Pages chunks out until the map fits its cache (or nothing more can
+    /// go).
+    pub fn page_out(&mut self, st: &mut MapState) {
+        if st.chain.is_none() || st.map.memory_bytes() <= self.cache {
+            return;
+        }
+        let looks = TRIM_TURNS * st.map.resident_count();
+        self.evictions += st.map.evict(self.cache, looks, self.below).chunks;
+    }
+}
+
 impl Inner {
     /// Bytes of RAM the map may use.
     pub(crate) fn map_cache(&self) -> u64 {
         self.map_cache.load(Ordering::Relaxed)
     }
 
+    fn chain_bytes(&self) -> ChainBytes<'_> {
+        ChainBytes {
+            storage: &*self.storage,
+            seg_size: self.seg_size,
+        }
+    }
+
+    /// Runs `f` with a pager of this volume's map, then counts what it
+    /// paged; any error turns the volume read-only (the chain is the
+    /// volume's metadata).
+    fn paging<T>(&self, f: impl FnOnce(&mut Pager) -> Result<T>) -> Result<T> {
+        let mut p = Pager::new(self.chain_bytes(), self.map_cache());
+        let r = f(&mut p);
+        self.counters.add(Counter::MapFaults, p.faults);
+        self.counters.add(Counter::MapEvictions, p.evictions);
+        r.inspect_err(|e| self.poison(e))
+    }
+
+    /// `read_back` from this volume's chain.
+    pub(crate) fn read_back(
+        &self,
+        chain: &ChainIndex,
+        c: u64,
+        pieces: &[u16],
+    ) -> Result<LoadedChunk> {
+        read_back(self.chain_bytes(), chain, c, pieces).inspect_err(|e| self.poison(e))
+    }
+
     /// Pages chunk `c` in (nothing when it is not paged out), under the
     /// caller's write lock; makes room first.
     pub(crate) fn page_in(&self, st: &mut MapState, c: u64) -> Result<()> {
-        let Some(pieces) = st.map.paged_pieces(c) else {
-            return Ok(());
-        };
-        let Some(chain) = st.chain.as_ref() else {
-            return Err(self.internal(format!("map chunk {c} is paged out without a chain")));
-        };
-        let loaded = read_back(self, chain, c, &pieces)?;
-        let looks = FAULT_LOOKS.min(st.map.resident_count());
-        let out = st.map.evict(self.map_cache(), looks);
-        st.map.install(c, loaded).map_err(|why| {
-            let e = EngineError::Metadata(FormatError::Invalid {
-                what: "checkpoint chain",
-                why,
-            });
-            self.poison(&e);
-            e
-        })?;
-        self.counters.add(Counter::MapFaults, 1);
-        self.counters.add(Counter::MapEvictions, out.chunks);
-        Ok(())
+        self.paging(|p| p.page_in(st, c))
     }
 
     /// Runs `f` on the state under the read lock, paging in each chunk it
@@ -161,25 +256,18 @@ impl Inner {
     pub(crate) fn with_map_mut<T>(
         &self,
         st: &mut MapState,
-        mut f: impl FnMut(&mut MapState) -> Result<T, Paged>,
+        f: impl FnMut(&mut MapState) -> Result<T, Paged>,
     ) -> Result<T> {
-        loop {
-            match f(st) {
-                Ok(v) => return Ok(v),
-                Err(Paged(c)) => self.page_in(st, c)?,
-            }
-        }
+        self.paging(|p| p.with_map_mut(st, f))
     }
 
     /// Pages chunks out until the map fits its cache (or nothing more can
     /// go), under the caller's write lock.
     pub(crate) fn page_out(&self, st: &mut MapState) {
-        if st.chain.is_none() || st.map.memory_bytes() <= self.map_cache() {
-            return;
-        }
-        let looks = TRIM_TURNS * st.map.resident_count();
-        let out = st.map.evict(self.map_cache(), looks);
-        self.counters.add(Counter::MapEvictions, out.chunks);
+        let _ = self.paging(|p| {
+            p.page_out(st);
+            Ok(())
+        });
     }
 
     /// `page_out` under the state's write lock (after an open, and when the
@@ -208,7 +296,7 @@ fn entries_of(
             .map
             .chunk_entries(c)
             .map_err(|p| inner.internal(format!("map chunk {} paged out twice", p.0))),
-        (Some(pieces), Some(chain)) => Ok(read_back(inner, chain, c, &pieces)?.entries()),
+        (Some(pieces), Some(chain)) => Ok(inner.read_back(chain, c, &pieces)?.entries()),
         (Some(_), None) => {
             Err(inner.internal(format!("map chunk {c} is paged out without a chain")))
         }
@@ -259,7 +347,9 @@ pub(crate) fn verify_pages(inner: &Inner) -> std::result::Result<(), String> {
         return Ok(());
     };
     for (c, pieces) in st.map.clean_chunks() {
-        let back = read_back(inner, chain, c, &pieces).map_err(|e| e.to_string())?;
+        let back = inner
+            .read_back(chain, c, &pieces)
+            .map_err(|e| e.to_string())?;
         let here = st
             .map
             .chunk_entries(c)

@@ -20,18 +20,16 @@
 //! the volume jumps its seqs by SEQ_JUMP_AFTER_RECOVERY and writes a fresh
 //! checkpoint, so records left behind can never be taken for new ones.
 
-use crate::chain_index::{ChainIndex, PieceIndex};
 use crate::counters::Counter;
-use crate::error::{EngineError, Result};
-use crate::map::{Paged, SectorMap};
-use crate::space::{SegState, SegmentId, SegmentTable, Usage};
+use crate::error::Result;
+use crate::meta::load::{bad_checkpoint, load, ChainShape, Loaded};
+use crate::meta::pager::{ChainBytes, Pager};
+use crate::space::{SegState, SegmentId, SegmentTable};
 use crate::state::{head_segment_of, max_segments, segment_of, Inner, LogState, MapState};
 use crate::storage::Storage;
-use squeeze_format::checkpoint::{pieces, MapRun};
-use squeeze_format::checkpoint_v1::CheckpointReader;
 use squeeze_format::{
-    checksum, record::verify_payload, FormatError, MapEntry, PieceKind, RecordHeader, RecordKind,
-    RecordScan, SegmentNote, Stride, Superblock, DATA_START, RECORD_HEADER_SIZE,
+    record::verify_payload, RecordHeader, RecordKind, RecordScan, Stride, Superblock, DATA_START,
+    RECORD_HEADER_SIZE,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -45,249 +43,35 @@ pub struct Recovered {
     pub checkpoint_head_seq: u64,
     /// The shape of the checkpoint chain read.
     pub chain: ChainShape,
-}
-
-/// A replayed record met a paged-out chunk (nothing pages out before the
-/// volume is open).
-fn paged_at_recovery(p: Paged) -> EngineError {
-    EngineError::Internal(format!("map chunk {} paged out during recovery", p.0))
-}
-
-/// Bytes of a chain's base and deltas; format 1's single stream counts as
-/// a base that cannot take deltas.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ChainShape {
-    pub base_bytes: u64,
-    pub delta_bytes: u64,
-    pub deltas: u64,
-    pub takes_deltas: bool,
-}
-
-/// What a checkpoint holds besides the map.
-struct CheckpointPosition {
-    generation: u64,
-    next_seq: u64,
-    head_offset: u64,
-    counters: Vec<u64>,
-    /// Segments' below-target notes (none before format 3).
-    notes: Vec<SegmentNote>,
-}
-
-/// Reads and checks the checkpoint the superblock names.
-pub fn read_checkpoint(storage: &dyn Storage, sb: &Superblock) -> Result<Vec<u8>> {
-    let seg = u64::from(sb.segment_size);
-    let len = sb.checkpoint.len;
-    if len > seg * sb.checkpoint.segments.len() as u64 {
-        return Err(EngineError::Metadata(FormatError::Invalid {
-            what: "superblock",
-            why: "checkpoint longer than its segments".into(),
-        }));
-    }
-    let mut stream = vec![0u8; len as usize];
-    for (k, s) in sb.checkpoint.segments.iter().enumerate() {
-        let from = k * seg as usize;
-        if from >= stream.len() {
-            break;
-        }
-        let to = (from + seg as usize).min(stream.len());
-        storage.read_at(&mut stream[from..to], sb.segment_offset(*s))?;
-    }
-    if sb.version == 1 {
-        let got = checksum::crc32c(&stream);
-        if got != sb.checkpoint.crc {
-            return Err(EngineError::Metadata(FormatError::ChecksumMismatch {
-                what: "checkpoint",
-                expected: sb.checkpoint.crc,
-                got,
-            }));
-        }
-    }
-    Ok(stream)
-}
-
-/// Loads the map from a format 2 chain: the base, then each delta in order;
-/// every piece is checked by its own CRC, the last one also against the
-/// superblock. Indexes where each piece's runs lie as it goes (the map
-/// pages out to them).
-fn load_chain(
-    stream: &[u8],
-    sb: &Superblock,
-    map: &mut SectorMap,
-    index: &mut ChainIndex,
-) -> Result<(CheckpointPosition, ChainShape)> {
-    let max_segs = max_segments(sb);
-    let seg_size = u64::from(sb.segment_size);
-    let mut shape = ChainShape {
-        takes_deltas: true,
-        ..ChainShape::default()
-    };
-    let mut last = None;
-    let mut at = 0u64;
-    for (k, piece) in pieces(stream, &sb.uuid).enumerate() {
-        let piece = piece.map_err(EngineError::Metadata)?;
-        let k = u16::try_from(k).map_err(|_| bad_checkpoint("more than 65535 pieces".into()))?;
-        for run in piece.runs() {
-            let run = run.map_err(EngineError::Metadata)?;
-            check_run(&run, seg_size, max_segs)?;
-            match piece.header.kind {
-                PieceKind::Base => map.load_run(run),
-                PieceKind::Delta => map.apply_run(run, Some(k)),
-            }
-        }
-        index.pieces.push(PieceIndex::from_bytes(
-            at + piece.runs_offset() as u64,
-            piece.run_bytes(),
-        ));
-        at += piece.len;
-        match piece.header.kind {
-            PieceKind::Base => shape.base_bytes = piece.len,
-            PieceKind::Delta => {
-                shape.delta_bytes += piece.len;
-                shape.deltas += 1;
-            }
-        }
-        last = Some((
-            piece.crc,
-            CheckpointPosition {
-                generation: piece.header.generation,
-                next_seq: piece.header.next_seq,
-                head_offset: piece.header.head_offset,
-                counters: piece.counters,
-                notes: piece.notes,
-            },
-        ));
-    }
-    let Some((crc, position)) = last else {
-        return Err(bad_checkpoint("the chain holds no piece".into()));
-    };
-    if crc != sb.checkpoint.crc {
-        return Err(EngineError::Metadata(FormatError::ChecksumMismatch {
-            what: "checkpoint chain's last piece",
-            expected: sb.checkpoint.crc,
-            got: crc,
-        }));
-    }
-    Ok((position, shape))
-}
-
-/// Loads the map from a format 1 stream (dense chunks).
-fn load_v1(stream: &[u8], sb: &Superblock, map: &mut SectorMap) -> Result<CheckpointPosition> {
-    let max_segs = max_segments(sb);
-    let seg_size = u64::from(sb.segment_size);
-    let ck = CheckpointReader::decode(stream, &sb.uuid).map_err(EngineError::Metadata)?;
-    for chunk in ck.chunks() {
-        let (index, entries) = chunk.map_err(EngineError::Metadata)?;
-        for e in entries.iter().filter(|e| e.is_mapped()) {
-            check_entry(*e, seg_size, max_segs)?;
-        }
-        if (index + 1) * squeeze_format::CHUNK_ENTRIES as u64
-            > sb.sectors() + squeeze_format::CHUNK_ENTRIES as u64
-        {
-            return Err(bad_checkpoint(format!(
-                "map chunk {index} beyond the volume"
-            )));
-        }
-        map.load_chunk(index, entries);
-    }
-    Ok(CheckpointPosition {
-        generation: ck.header.generation,
-        next_seq: ck.header.next_seq,
-        head_offset: ck.header.head_offset,
-        counters: ck.counters,
-        notes: Vec::new(),
-    })
-}
-
-fn bad_checkpoint(why: String) -> EngineError {
-    EngineError::Metadata(FormatError::Invalid {
-        what: "checkpoint",
-        why,
-    })
-}
-
-/// A map entry points into the segments of the volume.
-fn check_entry(e: MapEntry, seg_size: u64, max_segs: u32) -> Result<()> {
-    if e.record_offset() < DATA_START
-        || segment_of(e.record_offset(), seg_size) >= max_segs
-        || e.record_len() == 0
-    {
-        return Err(bad_checkpoint(format!(
-            "map entry {:#x} out of bounds",
-            e.0
-        )));
-    }
-    Ok(())
-}
-
-/// A run points into the volume's segments. Whether it lies inside the
-/// volume is checked on the whole map once the chain is applied
-/// ([`check_inside`]): after a shrink (`Volume::resize`), runs of the chain
-/// from before it may lie past the new end, unmapped by a later piece.
-fn check_run(r: &MapRun, seg_size: u64, max_segs: u32) -> Result<()> {
-    if r.first.is_mapped() {
-        check_entry(r.first, seg_size, max_segs)?;
-    }
-    Ok(())
-}
-
-/// Nothing is mapped past the volume's end.
-fn check_inside(map: &SectorMap, sectors: u64) -> Result<()> {
-    match map
-        .next_mapped(sectors, u64::MAX)
-        .map_err(paged_at_recovery)?
-    {
-        Some(lba) => Err(bad_checkpoint(format!(
-            "sector {lba} mapped beyond the volume's {sectors} sectors"
-        ))),
-        None => Ok(()),
-    }
+    /// Most RAM the map used while the volume opened.
+    pub map_peak_bytes: u64,
 }
 
 /// Rebuilds the state from `sb`'s checkpoint and the log after it; `older`
-/// are the previous checkpoint's segments (kept, not free).
-pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> Result<Recovered> {
+/// are the previous checkpoint's segments (kept, not free). The map pages
+/// out beyond `map_cache` bytes as it loads and as the log replays.
+pub fn recover(
+    storage: &dyn Storage,
+    sb: &Superblock,
+    older: &[SegmentId],
+    map_cache: u64,
+) -> Result<Recovered> {
     let seg_size = u64::from(sb.segment_size);
     let max_segs = max_segments(sb);
-    let stream = read_checkpoint(storage, sb)?;
-    let mut state = MapState {
-        map: SectorMap::new(),
-        usage: Usage::default(),
-        chain: None,
-    };
-    let (ck, chain) = if sb.version == 1 {
-        let ck = load_v1(&stream, sb, &mut state.map)?;
-        let shape = ChainShape {
-            base_bytes: stream.len() as u64,
-            ..ChainShape::default()
-        };
-        (ck, shape)
-    } else {
-        let mut index = ChainIndex {
-            segments: sb.checkpoint.segments.clone(),
-            pieces: Vec::new(),
-        };
-        let loaded = load_chain(&stream, sb, &mut state.map, &mut index)?;
-        state.chain = Some(index);
-        loaded
-    };
-    drop(stream);
-    check_inside(&state.map, sb.sectors())?;
+    let src = ChainBytes { storage, seg_size };
+    let mut pager = Pager::new(src, map_cache);
+    let Loaded {
+        mut state,
+        position: ck,
+        shape: chain,
+        mut peak_bytes,
+    } = load(storage, sb, &mut pager)?;
     if ck.generation > sb.generation {
         return Err(bad_checkpoint(format!(
             "generation {} is newer than the superblock's {}",
             ck.generation, sb.generation
         )));
     }
-    let usage = &mut state.usage;
-    state.map.for_each_run(
-        |c, _| Err(paged_at_recovery(Paged(c))),
-        |r| {
-            // A run is consecutive sectors of one extent: one record,
-            // one segment.
-            let seg = segment_of(r.first.record_offset(), seg_size);
-            usage.add_run(seg, r.first, r.sectors);
-        },
-    )?;
     for n in &ck.notes {
         if n.segment >= max_segs {
             return Err(bad_checkpoint(format!(
@@ -344,7 +128,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
     let mut more = !sb.clean;
     while more {
         if let Some(h) = read_record(storage, sb, head_segment, pos, expected, &mut buf) {
-            state.apply(&h, pos, seg_size).map_err(paged_at_recovery)?;
+            pager.with_map_mut(&mut state, |st| st.apply(&h, pos, seg_size))?;
             if h.kind == RecordKind::Extent {
                 counters[Counter::BytesWritten as usize] += h.raw_len() as u64;
             }
@@ -385,6 +169,9 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
             (_, None) => more = false,
         }
     }
+    peak_bytes = peak_bytes.max(state.map.memory_bytes());
+    counters[Counter::MapFaults as usize] += pager.faults;
+    counters[Counter::MapEvictions as usize] += pager.evictions;
     if skipped > 0 {
         tracing::info!(
             skipped,
@@ -440,6 +227,7 @@ pub fn recover(storage: &dyn Storage, sb: &Superblock, older: &[SegmentId]) -> R
         replayed,
         checkpoint_head_seq,
         chain,
+        map_peak_bytes: peak_bytes,
     })
 }
 

@@ -124,6 +124,15 @@ impl SegmentTable {
     }
 }
 
+/// Stored bytes of `n` sectors of one extent from `first`: sector i of an
+/// extent of k sectors and len bytes holds len / k bytes, plus one for
+/// i < len % k (`MapEntry::stored_share`).
+fn run_bytes(first: MapEntry, n: u32) -> u64 {
+    let (len, k) = (first.record_len(), u64::from(first.sectors()));
+    let (a, n) = (u64::from(first.index()), u64::from(n));
+    n * (len / k) + (a + n).min(len % k).saturating_sub(a)
+}
+
 /// Live bytes and sectors of one segment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SegUsage {
@@ -162,15 +171,27 @@ impl Usage {
         if self.segs.len() <= s as usize {
             self.segs.resize(s as usize + 1, SegUsage::default());
         }
-        // Sector i of an extent of k sectors and len bytes holds len / k
-        // bytes, plus one for i < len % k (`MapEntry::stored_share`).
-        let (len, k) = (first.record_len(), u64::from(first.sectors()));
-        let (a, n) = (u64::from(first.index()), u64::from(n));
-        let bytes = n * (len / k) + (a + n).min(len % k).saturating_sub(a);
+        let bytes = run_bytes(first, n);
         let u = &mut self.segs[s as usize];
         u.live_bytes += bytes;
-        u.live_sectors += n;
+        u.live_sectors += u64::from(n);
         self.live_bytes += bytes;
+    }
+
+    /// Removes `n` sectors of one extent from `first`: what `n` calls of
+    /// `remove` would remove.
+    pub fn remove_run(&mut self, s: SegmentId, first: MapEntry, n: u32) {
+        let bytes = run_bytes(first, n);
+        let u = &mut self.segs[s as usize];
+        assert!(u.live_sectors >= u64::from(n) && u.live_bytes >= bytes);
+        u.live_bytes -= bytes;
+        u.live_sectors -= u64::from(n);
+        self.live_bytes -= bytes;
+        if u.live_sectors == 0 {
+            if let Some(b) = self.below_target.get_mut(s as usize) {
+                *b = 0;
+            }
+        }
     }
 
     pub fn remove(&mut self, s: SegmentId, e: MapEntry) {
