@@ -704,6 +704,15 @@ impl SectorMap {
         }
     }
 
+    /// The delta piece `k` being loaded covers chunk `c` whole (its runs,
+    /// mapped and unmapped, span all of it): the chunk is in that piece
+    /// alone, as `note_delta` records it when such a delta is written.
+    pub fn loaded_whole(&mut self, c: u64, k: u16) {
+        if let Some(s) = self.chunks.get_mut(&c) {
+            s.pieces = Pieces::only(k);
+        }
+    }
+
     /// Adds a run read from a checkpoint base, piece 0 of its chain
     /// (loading: not recorded as a change); runs come in LBA order into a
     /// map that holds nothing at or after them.

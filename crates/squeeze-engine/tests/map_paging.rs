@@ -217,3 +217,42 @@ fn a_map_bigger_than_its_cache_opens_within_it() {
     assert!(squeeze_engine::check::check(&v, |_, _| {}).is_clean());
     v.close().unwrap();
 }
+
+/// A chunk that eight deltas each rewrote whole is in the last of them
+/// alone when the chain loads (as when those deltas were written), so it
+/// pages out at open: it is not left spread over more pieces than a paged
+/// chunk may be.
+#[test]
+fn a_chunk_rewritten_whole_by_many_deltas_pages_out_at_open() {
+    let s = Arc::new(SimStorage::new());
+    let v = Volume::create_with(s.clone(), &small_opts(SIZE), OpenOptions::default()).unwrap();
+    v.set_rebase_threshold(1000, u64::MAX);
+    let mut model = vec![0u8; SIZE as usize];
+    let mut r = rng(60);
+    for round in 0..8u64 {
+        // All of chunk 3 (2 MiB), and a few sectors of chunk 9.
+        let d = data(&mut r, 3, 2 * MIB as usize);
+        v.write(6 * MIB, &d, false).unwrap();
+        model[6 * MIB as usize..8 * MIB as usize].copy_from_slice(&d);
+        let off = 18 * MIB + round * 8192;
+        let d = data(&mut r, 3, 4096);
+        v.write(off, &d, false).unwrap();
+        model[off as usize..off as usize + 4096].copy_from_slice(&d);
+        v.checkpoint().unwrap();
+    }
+    assert!(v.stats().checkpoint_deltas >= 8);
+    v.close().unwrap();
+    let v = Volume::open(
+        s,
+        OpenOptions {
+            map_cache: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let st = v.stats();
+    // Chunk 9 is in the base and eight deltas: untracked, it stays in.
+    assert_eq!((st.map_chunks, st.map_paged_chunks), (2, 1), "{st:?}");
+    assert_eq!(read_all(&v), model);
+    v.verify_accounting().unwrap();
+}

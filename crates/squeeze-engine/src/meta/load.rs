@@ -150,6 +150,7 @@ fn load_chain(
         let mut dec = PieceDecoder::new(sb.uuid);
         let mut index = IndexBuilder::new(0);
         let mut kind = None;
+        let mut covered = Covered::default();
         loop {
             let want = dec.remaining().min(WINDOW).min(len - at);
             if want == 0 {
@@ -179,7 +180,7 @@ fn load_chain(
                             pager.below = r.lba / CHUNK_ENTRIES as u64;
                             load_base_run(st, r, seg_size);
                         }
-                        _ => apply_delta_run(st, pager, r, k, seg_size)?,
+                        _ => apply_delta_run(st, pager, r, k, seg_size, &mut covered)?,
                     }
                 }
                 let now = st.map.memory_bytes();
@@ -236,15 +237,40 @@ fn load_base_run(st: &mut MapState, r: MapRun, seg_size: u64) {
     st.usage.add_run(seg, r.first, r.sectors);
 }
 
+/// Sectors of one chunk the runs of the piece being loaded have covered so
+/// far (its runs come in LBA order and do not overlap).
+#[derive(Default)]
+struct Covered {
+    chunk: u64,
+    sectors: u64,
+}
+
+impl Covered {
+    /// Adds `n` sectors of chunk `c`; true once they cover it whole.
+    fn add(&mut self, c: u64, n: u64) -> bool {
+        if c != self.chunk {
+            *self = Covered {
+                chunk: c,
+                sectors: 0,
+            };
+        }
+        self.sectors += n;
+        self.sectors == CHUNK_ENTRIES as u64
+    }
+}
+
 /// A run of delta piece `k`, chunk by chunk (an unmapping run may cover
 /// terabytes): each chunk it touches is paged in if it was out, loses the
-/// usage of what the run replaces, and takes the run's part.
+/// usage of what the run replaces, and takes the run's part. A chunk the
+/// piece covers whole is in that piece alone (so a chain of many deltas
+/// does not leave it untracked: it can still page out).
 fn apply_delta_run(
     st: &mut MapState,
     pager: &mut Pager,
     r: MapRun,
     k: u16,
     seg_size: u64,
+    covered: &mut Covered,
 ) -> Result<()> {
     let mut c = r.lba / CHUNK_ENTRIES as u64;
     loop {
@@ -268,6 +294,9 @@ fn apply_delta_run(
         // Chunks before this one are behind the piece.
         pager.below = c;
         pager.with_map_mut(st, |st| apply_in_chunk(st, part, k, seg_size))?;
+        if covered.add(c, hi - lo) {
+            st.map.loaded_whole(c, k);
+        }
         c += 1;
     }
 }
