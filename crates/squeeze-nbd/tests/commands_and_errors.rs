@@ -231,3 +231,79 @@ fn pipelined_requests_all_answered() {
     assert_eq!(st.bytes_written, 200 * 4096);
     assert_eq!(st.requests_in_flight, 0);
 }
+
+/// Writes of every size around the server's large-write path (a payload
+/// from 32 KiB on is read from the socket straight into its buffer, and so
+/// is the header after it), pipelined with flushes and sent in fragments
+/// that cut headers and payloads anywhere: every reply comes, every byte
+/// lands where it was written.
+#[test]
+fn pipelined_writes_of_every_size_in_fragments() {
+    let (srv, _dev) = TestServer::mem(SIZE);
+    let mut c = srv.client();
+    c.handshake("mem", true, false);
+    let sizes = [
+        128 << 10,
+        4096,
+        64 << 10,
+        (32 << 10) - 1,
+        32 << 10,
+        1,
+        256 << 10,
+        33 << 10,
+        512,
+        1 << 20,
+        100_000,
+    ];
+    let mut batch = Vec::new();
+    let mut model = vec![0u8; SIZE as usize];
+    let mut off = 0u64;
+    let mut cookie = 0u64;
+    for round in 0..3u64 {
+        for (k, &n) in sizes.iter().enumerate() {
+            let data: Vec<u8> = (0..n)
+                .map(|i| (i as u64 * 31 + k as u64 * 7 + round) as u8)
+                .collect();
+            batch.extend_from_slice(&Client::request_bytes(CMD_WRITE, 0, cookie, off, n as u32));
+            batch.extend_from_slice(&data);
+            model[off as usize..off as usize + n].copy_from_slice(&data);
+            cookie += 1;
+            if k % 4 == 3 {
+                batch.extend_from_slice(&Client::request_bytes(CMD_FLUSH, 0, cookie, 0, 0));
+                cookie += 1;
+            }
+            off = (off + n as u64 + 123) % (SIZE - (1 << 20) - 1);
+        }
+    }
+    let mut writer = c.s.try_clone().unwrap();
+    let t = std::thread::spawn(move || {
+        let cuts = [7usize, 4093, 70_001, 32, 31, 33, 131_072, 1, 200_000];
+        let mut at = 0;
+        for (i, n) in cuts.iter().cycle().enumerate() {
+            if at >= batch.len() {
+                break;
+            }
+            let end = (at + n).min(batch.len());
+            writer.write_all(&batch[at..end]).unwrap();
+            if i % 5 == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            at = end;
+        }
+    });
+    let mut seen = vec![false; cookie as usize];
+    for _ in 0..cookie {
+        let r = c.reply(None);
+        assert_eq!(r.errno(), 0);
+        assert!(!std::mem::replace(&mut seen[r.cookie() as usize], true));
+    }
+    t.join().unwrap();
+    for at in (0..SIZE).step_by(1 << 20) {
+        let got = c.read(at, 1 << 20).unwrap();
+        assert!(
+            got == model[at as usize..(at + (1 << 20)) as usize],
+            "at {at}"
+        );
+    }
+    c.disconnect();
+}

@@ -41,6 +41,11 @@ use crate::handshake::{self, HandshakeError, Negotiated, Outcome, Policy};
 use crate::stats::Counters;
 use crate::tls;
 
+/// Bytes the connection's reader takes from the socket at a time: small
+/// requests (a header, a 4 KiB payload) come dozens per read. Large write
+/// payloads bypass it (`transmission::read_payload`).
+const READ_BUFFER: usize = 128 << 10;
+
 /// What every connection of a server shares, fixed for the server's life
 /// (but the shutdown flag).
 pub(crate) struct Shared {
@@ -109,7 +114,7 @@ pub(crate) fn negotiate(
         {
             return None;
         }
-        let mut reader = BufReader::with_capacity(128 << 10, stream);
+        let mut reader = BufReader::with_capacity(READ_BUFFER, stream);
         let mut bw = BufWriter::new(writer);
         let s = match session {
             Some(s) => s,

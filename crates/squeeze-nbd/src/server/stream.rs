@@ -4,6 +4,7 @@
 //! straight to the socket.
 
 use std::io::{self, Read, Write};
+use std::mem::MaybeUninit;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -48,6 +49,32 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.set_write_timeout(t),
             Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+
+    /// Reads up to `buf.len()` bytes into memory that need not be
+    /// initialised (a payload's spare capacity: neither zero-filled first
+    /// nor copied through a buffer); returns how many, 0 at end of stream.
+    /// Honours the socket's read timeout as `read` does.
+    pub(crate) fn read_uninit(&mut self, buf: &mut [MaybeUninit<u8>]) -> io::Result<usize> {
+        loop {
+            // SAFETY: recv writes at most buf.len() bytes into buf, which
+            // is valid for writes of that many bytes; it reads none.
+            let n = unsafe {
+                libc::recv(
+                    self.as_raw_fd(),
+                    buf.as_mut_ptr().cast::<libc::c_void>(),
+                    buf.len(),
+                    0,
+                )
+            };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
         }
     }
 }
