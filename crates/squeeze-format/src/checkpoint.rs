@@ -671,10 +671,11 @@ pub fn pieces<'a>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn header(kind: PieceKind, generation: u64) -> PieceHeader {
+    /// A piece header of volume [1; 16] (the decoder's tests use it too).
+    pub(crate) fn header(kind: PieceKind, generation: u64) -> PieceHeader {
         PieceHeader {
             kind,
             uuid: [1; 16],

@@ -213,18 +213,9 @@ impl PieceDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::tests::header;
     use crate::checkpoint::{Piece, PieceKind, PieceWriter};
     use crate::MapEntry;
-
-    fn header(kind: PieceKind, generation: u64) -> PieceHeader {
-        PieceHeader {
-            kind,
-            uuid: [1; 16],
-            generation,
-            next_seq: 99,
-            head_offset: 1 << 20,
-        }
-    }
 
     fn piece(kind: PieceKind, runs: u64, notes: &[SegmentNote]) -> Vec<u8> {
         let mut w = PieceWriter::new(&header(kind, 3), &[5, 6, 7], notes, 0);
