@@ -1640,4 +1640,56 @@ mod tests {
         );
         assert_eq!(m.dirty_sectors(), CHUNK_ENTRIES as u64);
     }
+
+    /// `runs_in` gives the mapped runs of a range cut to it (what a
+    /// delta's run replaces at load), and refuses a range over a paged-out
+    /// chunk; `evict` with a bound looks only at chunks below it.
+    #[test]
+    fn runs_in_a_range_and_eviction_below_a_chunk() {
+        let mut m = SectorMap::new();
+        let n = CHUNK_ENTRIES as u64;
+        // A 32-sector blob at 500 (across the edge of chunks 0 and 1), one
+        // sector at 3 and one in each of chunks 2 to 5.
+        m.apply_run(
+            MapRun {
+                lba: 500,
+                sectors: 32,
+                first: blob(1 << 20, 32, 0),
+            },
+            Some(0),
+        );
+        m.set(3, blob(2 << 20, 1, 0)).unwrap();
+        for c in 2..6u64 {
+            m.apply_run(
+                MapRun {
+                    lba: c * n + 7,
+                    sectors: 1,
+                    first: blob((3 + c) << 20, 1, 0),
+                },
+                Some(0),
+            );
+        }
+        let runs = |m: &SectorMap, lo, hi| {
+            let mut v = Vec::new();
+            m.runs_in(lo, hi, |r| v.push((r.lba, r.sectors, r.first)))
+                .map(|()| v)
+        };
+        assert_eq!(
+            runs(&m, 2, 520).unwrap(),
+            vec![
+                (3, 1, blob(2 << 20, 1, 0)),
+                (500, 12, blob(1 << 20, 32, 0)),
+                (512, 8, blob(1 << 20, 32, 12)),
+            ]
+        );
+        assert_eq!(runs(&m, 4, 500).unwrap(), vec![]);
+        // Chunks 1..6 are in piece 0 and unchanged (chunk 0 changed: the
+        // set at 3); the clock looks only below chunk 4.
+        let out = m.evict(0, 100, 4);
+        assert_eq!(out.chunks, 3, "chunks 1, 2 and 3 (chunk 0 changed)");
+        assert_eq!(m.paged_count(), 3);
+        assert!(m.chunks.contains_key(&4) && m.chunks.contains_key(&5));
+        assert_eq!(runs(&m, 0, 10 * n), Err(Paged(1)));
+        assert_eq!(runs(&m, 4 * n, 6 * n).unwrap().len(), 2);
+    }
 }
