@@ -237,6 +237,9 @@ pub(crate) struct Inner {
     /// A flush's second stage (fdatasync), one at a time; the ticket count
     /// every record below which is durable.
     pub sync_lock: Mutex<u64>,
+    /// One checkpoint at a time; every other superblock write (policy,
+    /// size, cap, the in-use mark) takes it too, so that the superblock
+    /// naming a new piece is the generation the piece was written with.
     pub ckpt_lock: Mutex<()>,
     /// One resize or cap change at a time.
     pub resize_lock: Mutex<()>,

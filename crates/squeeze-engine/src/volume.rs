@@ -307,6 +307,7 @@ impl Volume {
             checkpoint::write(&vol.inner, false)?;
         } else {
             // Mark dirty: a crash from now on requires replay.
+            let _one = vol.inner.ckpt_lock.lock();
             let mut sb = vol.inner.sb.lock();
             sb.clean = false;
             sbio::write(&*vol.inner.storage, &mut sb)?;
@@ -443,6 +444,7 @@ impl Volume {
             .validate()
             .map_err(|e| EngineError::Invalid(e.to_string()))?;
         self.inner.writable()?;
+        let _one = self.inner.ckpt_lock.lock();
         let mut sb = self.inner.sb.lock();
         sb.policy = policy;
         sbio::write(&*self.inner.storage, &mut sb).inspect_err(|e| self.inner.poison(e))?;
@@ -490,6 +492,7 @@ impl Volume {
             self.inner.ckpt_history.lock().need_base = true;
             checkpoint::write(&self.inner, false)?;
         }
+        let _one = self.inner.ckpt_lock.lock();
         let mut sb = self.inner.sb.lock();
         let mut next = sb.clone();
         next.logical_size = new_size;
@@ -522,6 +525,7 @@ impl Volume {
             )));
         }
         self.inner.writable()?;
+        let _one = self.inner.ckpt_lock.lock();
         let mut log = self.inner.log.lock();
         let mut sb = self.inner.sb.lock();
         let mut next = sb.clone();

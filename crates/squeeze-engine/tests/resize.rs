@@ -139,3 +139,47 @@ fn a_power_cut_during_a_resize_keeps_the_old_or_the_new_size() {
         }
     }
 }
+
+/// Superblock writes beside checkpoints (the cap, the policy and the size
+/// changed from one thread while another writes checkpoints): each
+/// checkpoint's piece is named by the superblock of the generation it was
+/// written with (a cap change between a piece and the superblock write
+/// naming it once tripped the engine's check of that), and the volume
+/// reopens with every flushed byte and the last settings.
+#[test]
+fn superblock_writes_beside_checkpoints() {
+    let (s, v) = sim_volume(8 * MIB, None);
+    let v = Arc::new(v);
+    let a = data(&mut rng(9), 3, MIB as usize);
+    let writer = {
+        let v = v.clone();
+        let a = a.clone();
+        std::thread::spawn(move || {
+            for i in 0..300u64 {
+                v.write((i % 8) * MIB, &a[..64 << 10], false).unwrap();
+                v.checkpoint().unwrap();
+            }
+        })
+    };
+    let cap = 64 * MIB;
+    let mut policy = v.policy();
+    for i in 0..300u64 {
+        v.set_max_physical(if i % 2 == 0 { cap } else { 0 })
+            .unwrap();
+        policy.level = 1 + (i % 3) as i32;
+        v.set_policy(policy).unwrap();
+        v.resize((8 + i % 2) * MIB).unwrap();
+    }
+    writer.join().unwrap();
+    v.resize(8 * MIB).unwrap();
+    v.flush().unwrap();
+    let gen = v.superblock().generation;
+    let v = Arc::try_unwrap(v).ok().unwrap();
+    v.close().unwrap();
+    let v = reopen(&s);
+    assert!(v.superblock().generation > gen);
+    assert_eq!(v.policy().level, policy.level);
+    let mut b = vec![0u8; 64 << 10];
+    v.read(0, &mut b).unwrap();
+    assert!(b == a[..64 << 10]);
+}
