@@ -394,9 +394,15 @@ fn invalid_piece(why: String) -> FormatError {
     }
 }
 
-/// The version and length of the piece whose header `b` starts with
-/// (at least [`PIECE_HEADER_SIZE`] bytes).
+/// The version and length of the piece whose header `b` starts with.
 fn version_and_len(b: &[u8]) -> Result<(u32, u64), FormatError> {
+    if b.len() < PIECE_HEADER_SIZE {
+        return Err(FormatError::Truncated {
+            what: "checkpoint piece",
+            need: PIECE_HEADER_SIZE,
+            have: b.len(),
+        });
+    }
     let version = check_magic_and_version(b, OLDEST_VERSION..=VERSION)?;
     let len = get_u64(b, 72);
     if len < PIECE_ALIGN || !len.is_multiple_of(PIECE_ALIGN) {
@@ -407,13 +413,6 @@ fn version_and_len(b: &[u8]) -> Result<(u32, u64), FormatError> {
 
 /// Decodes and checks the header `b` starts with (see [`Fixed`]).
 pub(crate) fn decode_fixed(b: &[u8], uuid: &[u8; 16]) -> Result<Fixed, FormatError> {
-    if b.len() < PIECE_HEADER_SIZE {
-        return Err(FormatError::Truncated {
-            what: "checkpoint piece",
-            need: PIECE_HEADER_SIZE,
-            have: b.len(),
-        });
-    }
     let (version, len) = version_and_len(b)?;
     if &b[16..32] != uuid {
         return Err(FormatError::WrongVolume { what: "checkpoint" });
@@ -553,13 +552,6 @@ impl<'a> Piece<'a> {
     /// Decodes and checks the piece at the start of `b` (which may go on
     /// with later pieces).
     pub fn decode(b: &'a [u8], uuid: &[u8; 16]) -> Result<Self, FormatError> {
-        if b.len() < PIECE_HEADER_SIZE {
-            return Err(FormatError::Truncated {
-                what: "checkpoint piece",
-                need: PIECE_HEADER_SIZE,
-                have: b.len(),
-            });
-        }
         let (_, len) = version_and_len(b)?;
         if len > b.len() as u64 {
             return Err(FormatError::Truncated {
