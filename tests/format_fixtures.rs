@@ -94,10 +94,11 @@ fn a_version_2_volume_opens_checks_and_reads_back() {
     opens_checks_reads_back_and_upgrades("format-v2.sqz", 2, "zstd:3");
 }
 
-/// Opens a copy of `fixture` read-only with no map cache: every chunk that
-/// can page out does, and the reads page it back in from the chain the old
-/// build wrote (a format 2 chain), or nothing pages (a format 1 stream,
-/// which the map cannot read in part). Returns the chunks paged in.
+/// Opens a copy of `fixture` read-only with no map cache: the chain the old
+/// build wrote is streamed piece by piece and every chunk that can page out
+/// does as it loads, and the reads page it back in from that chain (a
+/// format 2 chain), or nothing pages (a format 1 stream, which the map
+/// cannot read in part). Returns the chunks paged in.
 fn reads_back_with_the_map_paged_out(fixture: &str) -> u64 {
     use squeeze_engine::{FileStorage, OpenOptions, Volume};
     let dir = tempfile::tempdir().unwrap();
@@ -107,11 +108,11 @@ fn reads_back_with_the_map_paged_out(fixture: &str) -> u64 {
         storage,
         OpenOptions {
             read_only: true,
+            map_cache: Some(0),
             ..Default::default()
         },
     )
     .unwrap();
-    v.set_map_cache(0);
     let paged = v.stats().map_paged_chunks;
     let mut data = vec![0u8; 262144];
     v.read(0, &mut data).unwrap();
