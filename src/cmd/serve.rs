@@ -89,6 +89,14 @@ pub struct Args {
     /// when clients are idle (docs/ARCHITECTURE.md, "Adaptive write codec").
     #[arg(long)]
     pub no_adapt: bool,
+    /// Step down the codec ladder only while the compression threads are
+    /// behind, not also while the machine's cores are busy. By default the
+    /// server reads /proc/stat and, once the cores have been at least 94%
+    /// busy for 150 ms (client, server and compressor sharing them),
+    /// writes with the ladder's fastest codec until they have been at most
+    /// 75% busy for a second (docs/ARCHITECTURE.md, "Adaptive write codec").
+    #[arg(long, conflicts_with = "no_adapt")]
+    pub no_cpu_adapt: bool,
     /// RAM the sector map of each volume may use (default 128M, at least
     /// 64K). Beyond it, map chunks that did not change since the last
     /// checkpoint page out to the checkpoint chain on the volume and are
@@ -288,6 +296,24 @@ fn saturated_engine() -> Arc<dyn squeeze_codec::CompressEngine> {
     ))
 }
 
+/// The machine's busy share for the adaptive codec, one reader per volume
+/// (a reading covers the time since that volume's previous one); None,
+/// said once, where /proc/stat cannot be read.
+fn cpu_source() -> Option<Arc<dyn squeeze_engine::pipeline::headroom::BusySource>> {
+    match squeeze_engine::pipeline::headroom::ProcStat::open() {
+        Ok(s) => Some(Arc::new(s)),
+        Err(e) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(
+                    "cannot read the machine's CPU time ({e}): the adaptive codec follows the compression threads' backlog only"
+                )
+            });
+            None
+        }
+    }
+}
+
 fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
     let serving = || {
         open_volume_with(
@@ -297,6 +323,11 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
                 no_idle_merge: a.no_idle_merge,
                 prewrite: a.prewrite,
                 no_adapt: a.no_adapt,
+                adapt_cpu: if a.no_adapt || a.no_cpu_adapt {
+                    None
+                } else {
+                    cpu_source()
+                },
                 map_cache: a.map_cache,
                 engine: a.simulate_saturated_engine.then(saturated_engine),
                 gc: Some(squeeze_engine::GcPolicy {
@@ -1072,9 +1103,15 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
     );
     m!(
         "below_target_bytes_total",
-        "Raw bytes of client writes stored with a faster codec than the policy's while the compression threads were behind.",
+        "Raw bytes of client writes stored with a faster codec than the policy's while the compression threads were behind or the cores busy.",
         "counter",
         |s: &VolumeStats| s.below_target_bytes
+    );
+    m!(
+        "cpu_busy_ratio",
+        "The machine's busy CPU share at the adaptive codec's last reading (0 without the CPU signal).",
+        "gauge",
+        |s: &VolumeStats| s.cpu_busy.unwrap_or(0.0)
     );
     m!(
         "below_target_pending_bytes",

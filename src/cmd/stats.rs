@@ -168,8 +168,9 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         human(s.merge_bytes_written)
     );
     outln!(
-        "adaptive codec         writes now {}; {} written below target, {} pending, {} upgraded{}",
+        "adaptive codec         writes now {}{}; {} written below target, {} pending, {} upgraded{}",
         s.write_algorithm,
+        why_rung(s),
         human(s.below_target_bytes),
         human(s.below_target_pending_bytes),
         human(s.upgraded_bytes),
@@ -203,5 +204,24 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
     }
     if let Some(r) = &s.read_only_reason {
         outln!("READ-ONLY              {r}");
+    }
+}
+
+/// " (the compression threads are behind)" and the like after the rung a
+/// write gets now, with the machine's busy share when the codec reads it.
+fn why_rung(s: &VolumeStats) -> String {
+    let busy = s
+        .cpu_busy
+        .map(|b| format!("machine CPU {:.0}% busy", b * 100.0));
+    let why = match s.write_algorithm_why.as_str() {
+        "backlog" => Some("the compression threads are behind".to_string()),
+        "cpu" => Some("the cores are busy".to_string()),
+        _ => None,
+    };
+    match (why, busy) {
+        (Some(w), Some(b)) => format!(" ({w}; {b})"),
+        (Some(w), None) => format!(" ({w})"),
+        (None, Some(b)) => format!(" ({b})"),
+        (None, None) => String::new(),
     }
 }

@@ -115,8 +115,8 @@ pub struct VolumeStats {
     #[serde(default)]
     pub merge_bytes_written: u64,
     /// Raw bytes of client data written with a faster codec than the
-    /// policy's because the compression engine was behind (the adaptive
-    /// codec), since the volume was created.
+    /// policy's because the compression engine was behind or the machine's
+    /// cores were busy (the adaptive codec), since the volume was created.
     #[serde(default)]
     pub below_target_bytes: u64,
     /// Raw bytes written below the target that the upgrade has still to
@@ -130,10 +130,18 @@ pub struct VolumeStats {
     /// Wall-clock seconds the upgrade spent.
     #[serde(default)]
     pub upgrade_seconds: f64,
-    /// The codec a client write batch would get now (the target, or a
-    /// rung under it while the engine is behind).
+    /// The codec the last client write batch got (the target, or a rung
+    /// under it while the engine was behind or the cores busy).
     #[serde(default)]
     pub write_algorithm: String,
+    /// Why: "target", "backlog" (the compression engine was behind) or
+    /// "cpu" (the machine's cores were busy); empty without adaptation.
+    #[serde(default)]
+    pub write_algorithm_why: String,
+    /// The machine's busy CPU share (0-1) at the adaptive codec's last
+    /// reading; None when it does not follow the CPU, or has not read yet.
+    #[serde(default)]
+    pub cpu_busy: Option<f64>,
     /// Dead bytes in sealed log segments (what cleaning can reclaim).
     pub garbage_bytes: u64,
     pub segment_size: u64,
@@ -174,11 +182,15 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
             st.map.paged_count() as u64,
         )
     };
-    let write_algorithm = {
+    let (write_algorithm, write_algorithm_why, cpu_busy) = {
         let p = inner.policy.read();
         match &p.adapt {
-            Some(a) => a.current().to_string(),
-            None => p.algorithm.to_string(),
+            Some(a) => (
+                a.current().to_string(),
+                a.why().as_str().to_string(),
+                a.cpu_busy(),
+            ),
+            None => (p.algorithm.to_string(), String::new(), None),
         }
     };
     let (base_bytes, delta_bytes, deltas) = {
@@ -267,6 +279,8 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         upgraded_bytes: c.get(Counter::UpgradedBytes),
         upgrade_seconds: c.get(Counter::UpgradeNs) as f64 / 1e9,
         write_algorithm,
+        write_algorithm_why,
+        cpu_busy,
         garbage_bytes: crate::space::cleaner::garbage(inner).0,
         garbage_budget: crate::space::cleaner::budget(
             inner,

@@ -121,6 +121,11 @@ pub struct OpenOptions {
     pub no_adapt: bool,
     /// The adaptive codec's control law; None: `pipeline::adapt::LAW_DEFAULT`.
     pub adapt_law: Option<crate::pipeline::adapt::Law>,
+    /// Also step down the ladder while the machine's cores are busy
+    /// (`pipeline::headroom`: `squeeze serve` passes /proc/stat's reader),
+    /// under `pipeline::adapt::HEADROOM_LAW`. None: the engine's backlog
+    /// alone decides, as for an embedded volume by default.
+    pub adapt_cpu: Option<Arc<dyn crate::pipeline::headroom::BusySource>>,
     /// When the cleaner works; None: the default garbage budget
     /// (`space::cleaner::GcPolicy`).
     pub gc: Option<crate::space::cleaner::GcPolicy>,
@@ -336,9 +341,11 @@ impl Volume {
             seg_size: u64::from(sb.segment_size),
             policy: RwLock::new(ActivePolicy::with_adaptation(
                 sb.policy,
-                (!open.no_adapt).then(|| {
-                    open.adapt_law
-                        .unwrap_or(crate::pipeline::adapt::LAW_DEFAULT)
+                (!open.no_adapt).then(|| crate::pipeline::adapt::AdaptConfig {
+                    law: open
+                        .adapt_law
+                        .unwrap_or(crate::pipeline::adapt::LAW_DEFAULT),
+                    cpu: open.adapt_cpu.clone(),
                 }),
             )),
             sb: Mutex::new(sb),
@@ -449,8 +456,8 @@ impl Volume {
         sb.policy = policy;
         sbio::write(&*self.inner.storage, &mut sb).inspect_err(|e| self.inner.poison(e))?;
         let mut active = self.inner.policy.write();
-        let law = active.adapt.as_ref().map(|a| a.law());
-        *active = ActivePolicy::with_adaptation(policy, law);
+        let adapt = active.adapt.as_ref().map(|a| a.config());
+        *active = ActivePolicy::with_adaptation(policy, adapt);
         Ok(())
     }
 

@@ -116,3 +116,86 @@ fn an_unloaded_pool_writes_the_target() {
     check(&v, &datas);
     v.close().unwrap();
 }
+
+/// The machine's busy share, as a test says it is.
+struct Busy(f64);
+impl squeeze_engine::pipeline::headroom::BusySource for Busy {
+    fn busy(&self) -> Option<f64> {
+        Some(self.0)
+    }
+}
+
+/// A volume on the default policy (zstd:3) and an idle two-thread pool
+/// whose adaptive codec also reads a CPU share of `busy`.
+fn cpu_volume(busy: f64) -> Volume {
+    let s = Arc::new(SimStorage::new());
+    let mut o = small_opts(64 * MIB as u64);
+    o.segment_size = 4 << 20;
+    Volume::create(s.clone(), &o).unwrap().close().unwrap();
+    Volume::open(
+        s,
+        OpenOptions {
+            engine: Some(Arc::new(CpuPool::new(2))),
+            adapt_cpu: Some(Arc::new(Busy(busy))),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn busy_cores_write_below_target_and_the_upgrade_restores_it() {
+    // One writer that waits for each write: the engine is never behind,
+    // but the cores are (the test says) 99% busy. After the law's hold
+    // (150 ms) its writes go to lz4.
+    let v = cpu_volume(0.99);
+    let t = std::time::Instant::now();
+    let mut datas = Vec::new();
+    while v.stats().write_algorithm != "lz4" {
+        assert!(
+            t.elapsed().as_secs() < 30,
+            "never stepped down: {:?}",
+            v.stats()
+        );
+        datas = write_parallel(&v, 1, 8 * MIB);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let datas2 = {
+        let d = squeeze_codec::testdata::fio_like(8 * MIB, 60, 4096, 7);
+        v.write(8 * MIB as u64, &d, false).unwrap();
+        d
+    };
+    let st = v.stats();
+    assert_eq!(st.write_algorithm_why, "cpu", "{st:?}");
+    assert_eq!(st.cpu_busy, Some(0.99));
+    assert!(st.below_target_bytes >= 8 * MIB as u64, "{st:?}");
+    assert!(st.bytes_per_algorithm["lz4"] > 0, "{st:?}");
+    check(&v, &datas);
+    let mut got = vec![0u8; datas2.len()];
+    v.read(8 * MIB as u64, &mut got).unwrap();
+    assert!(got == datas2);
+    // The upgrade brings every such byte to the target.
+    v.flush().unwrap();
+    while v.upgrade_pass().unwrap().is_some() {}
+    let st = v.stats();
+    assert_eq!(st.below_target_pending_bytes, 0, "{st:?}");
+    assert!(st.upgraded_bytes > 0);
+    check(&v, &datas);
+    v.read(8 * MIB as u64, &mut got).unwrap();
+    assert!(got == datas2);
+    v.close().unwrap();
+}
+
+#[test]
+fn cores_with_room_keep_the_target() {
+    // 60% busy: below the law's 94%, whatever the writer does.
+    let v = cpu_volume(0.6);
+    let datas = write_parallel(&v, 1, 16 * MIB);
+    let st = v.stats();
+    assert_eq!(st.below_target_bytes, 0, "{st:?}");
+    assert_eq!(st.write_algorithm, "zstd:3");
+    assert_eq!(st.write_algorithm_why, "target");
+    assert_eq!(st.cpu_busy, Some(0.6));
+    check(&v, &datas);
+    v.close().unwrap();
+}

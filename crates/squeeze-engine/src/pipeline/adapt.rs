@@ -33,10 +33,12 @@
 //! with adaptation off, or an engine that reports no backlog, every batch
 //! gets the target.
 
+use super::headroom::BusySource;
 use parking_lot::Mutex;
 use squeeze_codec::{Algorithm, CompressEngine};
 use squeeze_format::CodecId;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The rungs under `target`, fastest last: the target, its codec's
@@ -94,6 +96,11 @@ pub struct Law {
     pub up_hold_max_ns: u64,
     /// A down step this soon after an up step is a failed probe.
     pub bounce_ns: u64,
+    /// Each sample is an average over the time since the previous one (the
+    /// CPU's busy share), not a point reading (the backlog): a hold then
+    /// counts from the previous sample, and a high share is not a queue
+    /// that may be draining already.
+    pub averaged: bool,
 }
 
 const MS: u64 = 1_000_000;
@@ -108,10 +115,36 @@ pub const LAW_DEFAULT: Law = Law {
     up_hold_min_ns: 200 * MS,
     up_hold_max_ns: 5_000 * MS,
     bounce_ns: 1_000 * MS,
+    averaged: false,
+};
+
+/// The law on the machine's CPU busy share ([`super::headroom`]), read
+/// over windows of at least 50 ms. It has two rungs, the target and the
+/// ladder's fastest (lz4): when the cores are short, the level between
+/// saves too little (zstd:1 costs about three quarters of zstd:3's CPU on
+/// the W3 tar, lz4 half; in W1 at zstd:1 the cores stayed busy and the
+/// law never reached lz4). Down once the smoothed share has been at least
+/// 94% for 150 ms (a client, the server and the compressor competing for
+/// the cores: W1 through NBD keeps this 2-core machine's median window
+/// 100% busy at zstd:3); up once it has been at most 75% for the up-hold
+/// (1 s at first, up to 10 s after failed probes). A client at 0.8-0.85x
+/// of what the target sustains keeps the median window here at 82-90%
+/// and its writes at the target (docs/benchmarks.md, "CPU headroom").
+pub const HEADROOM_LAW: Law = Law {
+    tau_ns: 100 * MS,
+    down_at: 0.94,
+    down_hold_ns: 150 * MS,
+    up_at: 0.75,
+    up_hold_min_ns: 1_000 * MS,
+    up_hold_max_ns: 10_000 * MS,
+    bounce_ns: 3_000 * MS,
+    averaged: true,
 };
 
 const _: () = assert!(LAW_DEFAULT.up_at < LAW_DEFAULT.down_at);
 const _: () = assert!(LAW_DEFAULT.up_hold_min_ns <= LAW_DEFAULT.up_hold_max_ns);
+const _: () = assert!(HEADROOM_LAW.up_at < HEADROOM_LAW.down_at);
+const _: () = assert!(HEADROOM_LAW.up_hold_min_ns <= HEADROOM_LAW.up_hold_max_ns);
 
 /// The controller's state: where it stands on the ladder and why.
 #[derive(Clone, Debug)]
@@ -172,6 +205,11 @@ impl LawState {
     /// never goes back) and returns the rung for the batch about to go.
     pub fn sample(&mut self, now_ns: u64, backlog: f64) -> usize {
         let law = self.law;
+        // Where a hold that starts with this sample counts from.
+        let start = match (law.averaged, self.load) {
+            (true, Some(_)) => self.last_ns,
+            _ => now_ns,
+        };
         let load = match self.load {
             None => backlog,
             Some(prev) => {
@@ -187,12 +225,16 @@ impl LawState {
             self.up_hold_ns = (self.up_hold_ns / 2).max(law.up_hold_min_ns);
             self.relaxed_ns = now_ns;
         }
-        if load >= law.down_at && backlog >= law.down_at {
+        // A point reading must be high itself as well as its average (one
+        // low sample is a queue that emptied); an averaged reading is
+        // already a window's mean, and the smoothed one decides.
+        if load >= law.down_at && (law.averaged || backlog >= law.down_at) {
             self.low_since = None;
-            let (since, from) = *self.high_since.get_or_insert((now_ns, load));
+            let (since, from) = *self.high_since.get_or_insert((start, load));
             // Down only while the backlog is not draining already (the
             // last step down may just not have shown its effect yet).
-            if self.rung + 1 < self.rungs && now_ns - since >= law.down_hold_ns && load >= from {
+            let rising = law.averaged || load >= from;
+            if self.rung + 1 < self.rungs && now_ns - since >= law.down_hold_ns && rising {
                 if self.last_up && now_ns - self.changed_ns < law.bounce_ns {
                     // The probe failed: the faster rung was needed.
                     self.up_hold_ns = (self.up_hold_ns * 2).min(law.up_hold_max_ns);
@@ -203,10 +245,18 @@ impl LawState {
             }
         } else if load <= law.up_at {
             self.high_since = None;
-            let since = *self.low_since.get_or_insert(now_ns);
+            let since = *self.low_since.get_or_insert(start);
             if self.rung > 0 && now_ns - since >= self.up_hold_ns {
+                // An averaged reading after a quiet spell covers several
+                // up-holds: as many rungs up (the first write after an
+                // idle minute gets the target, not one rung of it).
+                let by = if law.averaged {
+                    usize::try_from((now_ns - since) / self.up_hold_ns.max(1)).unwrap_or(usize::MAX)
+                } else {
+                    1
+                };
                 self.last_up = true;
-                self.step(now_ns, self.rung - 1);
+                self.step(now_ns, self.rung - by.min(self.rung));
             }
         } else {
             // Between the thresholds: hold.
@@ -226,32 +276,103 @@ impl LawState {
     }
 }
 
+/// What a volume adapts to: the backlog's law always, and the machine's
+/// CPU busy share when a source is given (`squeeze serve` gives
+/// [`super::headroom::ProcStat`]; an embedded volume has none unless its
+/// owner asks).
+#[derive(Clone)]
+pub struct AdaptConfig {
+    pub law: Law,
+    pub cpu: Option<Arc<dyn BusySource>>,
+}
+
+impl AdaptConfig {
+    /// The backlog's law alone.
+    pub fn backlog(law: Law) -> AdaptConfig {
+        AdaptConfig { law, cpu: None }
+    }
+}
+
+impl std::fmt::Debug for AdaptConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdaptConfig")
+            .field("law", &self.law)
+            .field("cpu", &self.cpu.is_some())
+            .finish()
+    }
+}
+
+/// Why a write batch gets the rung it gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// The target: nothing is short.
+    Target,
+    /// The compression engine is behind.
+    Backlog,
+    /// The machine's cores are busy.
+    Cpu,
+}
+
+impl Why {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Why::Target => "target",
+            Why::Backlog => "backlog",
+            Why::Cpu => "cpu",
+        }
+    }
+}
+
+struct Laws {
+    backlog: LawState,
+    cpu: Option<LawState>,
+}
+
 /// The adaptive codec of a volume: the ladder under the policy's target
-/// and the control law's state, shared by every writer.
+/// and the control laws' state, shared by every writer. Each law keeps its
+/// own rung; a batch gets the faster of the two, so each law's promise
+/// (no oscillation, the target when its signal is low) holds for the pair.
 pub struct AdaptiveCodec {
-    law: Law,
+    config: AdaptConfig,
     rungs: Vec<Algorithm>,
-    state: Mutex<LawState>,
-    /// The last rung chosen (for writers that find the state busy).
+    state: Mutex<Laws>,
+    /// The last rung chosen (for writers that find the state busy) and why.
     rung: AtomicUsize,
+    why: AtomicU8,
+    /// The last busy share read, f64 bits (NaN: none yet).
+    busy: AtomicU64,
     epoch: Instant,
 }
 
 impl AdaptiveCodec {
-    pub fn new(target: Algorithm, law: Law) -> AdaptiveCodec {
+    pub fn new(target: Algorithm, config: AdaptConfig) -> AdaptiveCodec {
         let rungs = ladder(target);
-        let state = Mutex::new(LawState::new(law, rungs.len()));
+        let state = Mutex::new(Laws {
+            backlog: LawState::new(config.law, rungs.len()),
+            // Two rungs for the CPU law: the target and the ladder's
+            // fastest (see `HEADROOM_LAW`).
+            cpu: config
+                .cpu
+                .as_ref()
+                .map(|_| LawState::new(HEADROOM_LAW, rungs.len().min(2))),
+        });
         AdaptiveCodec {
-            law,
+            config,
             rungs,
             state,
             rung: AtomicUsize::new(0),
+            why: AtomicU8::new(Why::Target as u8),
+            busy: AtomicU64::new(f64::NAN.to_bits()),
             epoch: Instant::now(),
         }
     }
 
+    pub fn config(&self) -> AdaptConfig {
+        self.config.clone()
+    }
+
     pub fn law(&self) -> Law {
-        self.law
+        self.config.law
     }
 
     pub fn rungs(&self) -> &[Algorithm] {
@@ -263,6 +384,22 @@ impl AdaptiveCodec {
         self.rungs[self.rung.load(Ordering::Relaxed)]
     }
 
+    /// Why the last batch got its rung.
+    pub fn why(&self) -> Why {
+        match self.why.load(Ordering::Relaxed) {
+            x if x == Why::Backlog as u8 => Why::Backlog,
+            x if x == Why::Cpu as u8 => Why::Cpu,
+            _ => Why::Target,
+        }
+    }
+
+    /// The machine's busy share at the last reading (None: no CPU signal,
+    /// or no reading yet).
+    pub fn cpu_busy(&self) -> Option<f64> {
+        let b = f64::from_bits(self.busy.load(Ordering::Relaxed));
+        (!b.is_nan()).then_some(b)
+    }
+
     /// The algorithm for the batch about to be submitted to `engine`. One
     /// writer samples at a time; the others take the rung it chose.
     pub fn choose(&self, engine: &dyn CompressEngine) -> Algorithm {
@@ -270,8 +407,29 @@ impl AdaptiveCodec {
             Some(mut st) => {
                 let backlog = engine.backlog_bytes() as f64 / engine.threads().max(1) as f64;
                 let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                let r = st.sample(now, backlog);
+                let by_backlog = st.backlog.sample(now, backlog);
+                let by_cpu = match (st.cpu.as_mut(), self.config.cpu.as_ref()) {
+                    (Some(law), Some(src)) => match src.busy() {
+                        Some(b) => {
+                            self.busy.store(b.to_bits(), Ordering::Relaxed);
+                            law.sample(now, b)
+                        }
+                        None => law.rung(),
+                    },
+                    _ => 0,
+                };
+                // The CPU law's rung 1 is the ladder's last.
+                let by_cpu = if by_cpu > 0 { self.rungs.len() - 1 } else { 0 };
+                let r = by_backlog.max(by_cpu);
+                let why = if r == 0 {
+                    Why::Target
+                } else if by_cpu >= by_backlog {
+                    Why::Cpu
+                } else {
+                    Why::Backlog
+                };
                 self.rung.store(r, Ordering::Relaxed);
+                self.why.store(why as u8, Ordering::Relaxed);
                 r
             }
             None => self.rung.load(Ordering::Relaxed),
@@ -285,6 +443,7 @@ impl std::fmt::Debug for AdaptiveCodec {
         f.debug_struct("AdaptiveCodec")
             .field("rungs", &self.rungs)
             .field("rung", &self.rung.load(Ordering::Relaxed))
+            .field("why", &self.why())
             .finish()
     }
 }
@@ -435,5 +594,123 @@ mod tests {
         );
         // And the up-hold is back at its minimum after probes that held.
         assert_eq!(st.up_hold_ns(), LAW_DEFAULT.up_hold_min_ns);
+    }
+
+    /// The CPU law's plant: a reading every 50 ms of the busy share the
+    /// machine shows at the current rung (`busy[rung]`); returns the
+    /// readings spent at each rung.
+    fn run_cpu(st: &mut LawState, start_ms: u64, ms: u64, busy: &[f64]) -> Vec<u64> {
+        let mut per_rung = vec![0u64; busy.len()];
+        let mut rung = st.rung();
+        for t in (start_ms..start_ms + ms).step_by(50) {
+            rung = st.sample(t * MS, busy[rung]);
+            per_rung[rung] += 1;
+        }
+        per_rung
+    }
+
+    #[test]
+    fn idle_cores_keep_the_target() {
+        // Clients at 0.8-0.85x of what zstd:3 sustains (median windows
+        // 82-90% busy), and readings between the thresholds: never a
+        // change.
+        for b in [0.1, 0.5, 0.82, 0.9, 0.93] {
+            let mut st = LawState::new(HEADROOM_LAW, 2);
+            run_cpu(&mut st, 0, 60_000, &[b; 2]);
+            assert_eq!(st.changes(), 0, "{b}");
+        }
+    }
+
+    #[test]
+    fn busy_cores_step_down_within_a_quarter_second_and_stay() {
+        let mut st = LawState::new(HEADROOM_LAW, 2);
+        // Saturated at both rungs (the client takes what lz4 frees).
+        let per_rung = run_cpu(&mut st, 0, 250, &[0.99, 0.96]);
+        assert_eq!(st.rung(), 1, "{per_rung:?}");
+        let per_rung = run_cpu(&mut st, 250, 60_000, &[0.99, 0.96]);
+        assert_eq!(per_rung[0], 0);
+        assert_eq!(st.changes(), 1);
+        // The burst ends: back to the target after an up-hold.
+        run_cpu(&mut st, 60_250, 1_100, &[0.1; 2]);
+        assert_eq!(st.rung(), 0);
+        assert_eq!(st.changes(), 2);
+    }
+
+    #[test]
+    fn a_rate_between_the_rungs_probes_rarely() {
+        // Saturated at the target, 60% busy at lz4: each up step saturates
+        // the cores again. Probes come at most once per up-hold, which
+        // doubles up to 10 s.
+        let mut st = LawState::new(HEADROOM_LAW, 2);
+        let per_rung = run_cpu(&mut st, 0, 120_000, &[0.99, 0.6]);
+        let total: u64 = per_rung.iter().sum();
+        assert!(per_rung[1] as f64 > 0.95 * total as f64, "{per_rung:?}");
+        assert_eq!(st.up_hold_ns(), HEADROOM_LAW.up_hold_max_ns);
+        // The way there (1 + log2(10)) and then a probe per 10 s.
+        assert!(st.changes() <= 2 * 5 + 2 * 12, "{}", st.changes());
+    }
+
+    #[test]
+    fn an_averaged_reading_holds_for_the_whole_window() {
+        // A writer that samples once per 2 s on cores busy all along: the
+        // second reading covers 2 s of saturation and steps down at once.
+        let mut st = LawState::new(HEADROOM_LAW, 3);
+        assert_eq!(st.sample(0, 0.99), 0);
+        assert_eq!(st.sample(2_000 * MS, 0.99), 1);
+        assert_eq!(st.sample(4_000 * MS, 0.99), 2);
+        // A low reading covers its window too: one reading after a quiet
+        // spell of one up-hold is one rung up, of two or more the target.
+        assert_eq!(st.sample(4_000 * MS + HEADROOM_LAW.up_hold_min_ns, 0.1), 1);
+        assert_eq!(st.sample(60_000 * MS, 0.1), 0);
+        let mut st = LawState::new(HEADROOM_LAW, 3);
+        st.sample(0, 0.99);
+        st.sample(2_000 * MS, 0.99);
+        assert_eq!(st.sample(4_000 * MS, 0.99), 2);
+        assert_eq!(st.sample(64_000 * MS, 0.1), 0);
+    }
+
+    /// A busy source that answers what it is told.
+    struct Fixed(Mutex<Option<f64>>);
+    impl BusySource for Fixed {
+        fn busy(&self) -> Option<f64> {
+            *self.0.lock()
+        }
+    }
+
+    #[test]
+    fn the_faster_rung_of_the_two_laws_wins_and_says_why() {
+        let idle_engine = squeeze_codec::CpuPool::new(1);
+        let src = Arc::new(Fixed(Mutex::new(Some(0.99))));
+        let a = AdaptiveCodec::new(
+            alg("zstd:3"),
+            AdaptConfig {
+                law: LAW_DEFAULT,
+                cpu: Some(src.clone()),
+            },
+        );
+        assert_eq!(a.current(), alg("zstd:3"));
+        assert_eq!(a.why(), Why::Target);
+        let t = Instant::now();
+        // Straight from the target to the ladder's fastest: zstd:1 never.
+        loop {
+            let got = a.choose(&idle_engine);
+            if got == alg("lz4") {
+                break;
+            }
+            assert_eq!(got, alg("zstd:3"));
+            assert!(t.elapsed().as_secs() < 10, "never stepped down");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(a.why(), Why::Cpu);
+        assert_eq!(a.cpu_busy(), Some(0.99));
+        // No reading: the rung holds.
+        *src.0.lock() = None;
+        assert_eq!(a.choose(&idle_engine), alg("lz4"));
+        // Without a CPU source only the backlog counts: an idle engine
+        // gets the target, and nothing is read.
+        let b = AdaptiveCodec::new(alg("zstd:3"), AdaptConfig::backlog(LAW_DEFAULT));
+        assert_eq!(b.choose(&idle_engine), alg("zstd:3"));
+        assert_eq!(b.cpu_busy(), None);
+        assert_eq!(b.why(), Why::Target);
     }
 }

@@ -15,7 +15,7 @@
 //! alignment) are at most `required_ratio` x its raw size; otherwise it is
 //! stored raw and counted as rejected.
 
-use super::adapt::{AdaptiveCodec, Law};
+use super::adapt::{AdaptConfig, AdaptiveCodec};
 use squeeze_codec::{Algorithm, CompressEngine};
 use squeeze_format::{CompressionMode, Policy, RECORD_ALIGN, RECORD_HEADER_SIZE};
 use std::sync::Arc;
@@ -51,12 +51,12 @@ impl ActivePolicy {
         }
     }
 
-    /// The policy with the adaptive codec under `law` when there is one
+    /// The policy with the adaptive codec under `adapt` when there is one
     /// (a target of none has a ladder of one rung).
-    pub fn with_adaptation(policy: Policy, law: Option<Law>) -> ActivePolicy {
+    pub fn with_adaptation(policy: Policy, adapt: Option<AdaptConfig>) -> ActivePolicy {
         let mut p = ActivePolicy::new(policy);
-        if let Some(law) = law {
-            p.adapt = Some(Arc::new(AdaptiveCodec::new(p.algorithm, law)));
+        if let Some(config) = adapt {
+            p.adapt = Some(Arc::new(AdaptiveCodec::new(p.algorithm, config)));
         }
         p
     }
