@@ -2,8 +2,10 @@
 //! target; a write batch may be compressed with a faster rung of a ladder
 //! under it (zstd:3 -> zstd:1 -> lz4) when the compression
 //! engine cannot keep up, so client writes do not queue behind compression
-//! they could have skipped. The maintenance thread later rewrites such
-//! bytes with the target (`space::cleaner::upgrade_pass`).
+//! they could have skipped, or when the machine's cores are busy, so the
+//! compressor does not take CPU the client could have used. The
+//! maintenance thread later rewrites such bytes with the target
+//! (`space::cleaner::upgrade_pass`).
 //!
 //! The control law (docs/ARCHITECTURE.md, "Adaptive write codec"), run
 //! once per batch before it is submitted:
@@ -29,9 +31,15 @@
 //!   `up_hold_min_ns`. A client between two rungs' speeds therefore
 //!   changes rung at most once per `up_hold_max_ns` or so, in steady state.
 //!
+//! - A second law, when the volume has a CPU source
+//!   ([`super::headroom`]): the same state machine on the machine's busy
+//!   share, averaged over each reading's window ([`HEADROOM_LAW`]), with two
+//!   rungs: the target and the ladder's fastest. Each law keeps its own
+//!   rung; a batch gets the faster of the two.
+//!
 //! Invariants: the rung is in `0..ladder.len()`; rung 0 is the target;
-//! with adaptation off, or an engine that reports no backlog, every batch
-//! gets the target.
+//! with adaptation off, or an engine that reports no backlog and no CPU
+//! source, every batch gets the target.
 
 use super::headroom::BusySource;
 use parking_lot::Mutex;
