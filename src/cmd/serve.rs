@@ -91,8 +91,8 @@ pub struct Args {
     pub no_adapt: bool,
     /// Step down the codec ladder only while the compression threads are
     /// behind, not also while the machine's cores are busy. By default the
-    /// server reads /proc/stat and, once the cores have been at least 94%
-    /// busy for 150 ms (client, server and compressor sharing them),
+    /// server reads /proc/stat and, once the cores have been at least 95%
+    /// busy for 200 ms (client, server and compressor sharing them),
     /// writes with the ladder's fastest codec until they have been at most
     /// 75% busy for a second (docs/ARCHITECTURE.md, "Adaptive write codec").
     #[arg(long, conflicts_with = "no_adapt")]
