@@ -168,7 +168,7 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         human(s.merge_bytes_written)
     );
     outln!(
-        "adaptive codec         writes now {}{}; {} written below target, {} pending, {} upgraded{}",
+        "adaptive codec         last writes {}{}; {} written below target, {} pending, {} upgraded{}",
         s.write_algorithm,
         why_rung(s),
         human(s.below_target_bytes),
@@ -207,15 +207,15 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
     }
 }
 
-/// " (the compression threads are behind)" and the like after the rung a
-/// write gets now, with the machine's busy share when the codec reads it.
+/// " (the compression threads were behind)" and the like after the rung the
+/// last writes got, with the machine's busy share when the codec reads it.
 fn why_rung(s: &VolumeStats) -> String {
     let busy = s
         .cpu_busy
         .map(|b| format!("machine CPU {:.0}% busy", b * 100.0));
     let why = match s.write_algorithm_why.as_str() {
-        "backlog" => Some("the compression threads are behind".to_string()),
-        "cpu" => Some("the cores are busy".to_string()),
+        "backlog" => Some("the compression threads were behind".to_string()),
+        "cpu" => Some("the cores were busy".to_string()),
         _ => None,
     };
     match (why, busy) {
