@@ -94,7 +94,10 @@ pub struct Args {
     /// server reads /proc/stat and, once the cores have been at least 95%
     /// busy for 200 ms (client, server and compressor sharing them),
     /// writes with the ladder's fastest codec until they have been at most
-    /// 75% busy for a second (docs/ARCHITECTURE.md, "Adaptive write codec").
+    /// 75% busy for a second; between 80% and 95% busy it tries the fastest
+    /// codec for half a second and keeps it only if the clients wrote at
+    /// least 10% faster with it (docs/ARCHITECTURE.md, "Adaptive write
+    /// codec").
     #[arg(long, conflicts_with = "no_adapt")]
     pub no_cpu_adapt: bool,
     /// RAM the sector map of each volume may use (default 128M, at least

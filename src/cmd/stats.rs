@@ -216,6 +216,7 @@ fn why_rung(s: &VolumeStats) -> String {
     let why = match s.write_algorithm_why.as_str() {
         "backlog" => Some("the compression threads were behind".to_string()),
         "cpu" => Some("the cores were busy".to_string()),
+        "trial" => Some("a trial found the client faster with it".to_string()),
         _ => None,
     };
     match (why, busy) {

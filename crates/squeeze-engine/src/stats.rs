@@ -134,8 +134,10 @@ pub struct VolumeStats {
     /// under it while the engine was behind or the cores busy).
     #[serde(default)]
     pub write_algorithm: String,
-    /// Why: "target", "backlog" (the compression engine was behind) or
-    /// "cpu" (the machine's cores were busy); empty without adaptation.
+    /// Why: "target", "backlog" (the compression engine was behind), "cpu"
+    /// (the machine's cores were busy) or "trial" (a trial found the
+    /// client writing faster with the faster codec); empty without
+    /// adaptation.
     #[serde(default)]
     pub write_algorithm_why: String,
     /// The machine's busy CPU share (0-1) at the adaptive codec's last

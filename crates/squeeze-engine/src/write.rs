@@ -89,7 +89,8 @@ impl Inner {
                 .sum();
             self.counters.add(Counter::ZeroSectorsWritten, zero_sectors);
             let shared = shared.map(|(a, base)| (a, base + k * batch));
-            let alg = policy.write_algorithm(&*self.engine);
+            let written = self.counters.get(Counter::BytesWritten);
+            let alg = policy.write_algorithm(&*self.engine, written);
             let (items, cpu_ns) = encode(&*self.engine, &policy, alg, hint, chunk, shared, &pieces);
             self.counters.add(Counter::CompressNs, cpu_ns);
             append_making_room(self, &items, chunk, Room::Data)?;

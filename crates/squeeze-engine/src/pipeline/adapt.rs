@@ -34,14 +34,16 @@
 //! - A second law, when the volume has a CPU source
 //!   ([`super::headroom`]): the same state machine on the machine's busy
 //!   share, averaged over each reading's window ([`HEADROOM_LAW`]), with two
-//!   rungs: the target and the ladder's fastest. Each law keeps its own
-//!   rung; a batch gets the faster of the two.
+//!   rungs: the target and the ladder's fastest; and with it trials of
+//!   the fastest rung between the two laws' thresholds ([`super::trial`]).
+//!   Each keeps its own rung; a batch gets the fastest of them.
 //!
 //! Invariants: the rung is in `0..ladder.len()`; rung 0 is the target;
 //! with adaptation off, or an engine that reports no backlog and no CPU
 //! source, every batch gets the target.
 
 use super::headroom::BusySource;
+use super::trial::{Trial, TRIAL_DEFAULT};
 use parking_lot::Mutex;
 use squeeze_codec::{Algorithm, CompressEngine};
 use squeeze_format::CodecId;
@@ -320,6 +322,8 @@ pub enum Why {
     Backlog,
     /// The machine's cores are busy.
     Cpu,
+    /// A trial found the client writing faster with the faster codec.
+    Trial,
 }
 
 impl Why {
@@ -328,6 +332,7 @@ impl Why {
             Why::Target => "target",
             Why::Backlog => "backlog",
             Why::Cpu => "cpu",
+            Why::Trial => "trial",
         }
     }
 }
@@ -335,6 +340,9 @@ impl Why {
 struct Laws {
     backlog: LawState,
     cpu: Option<LawState>,
+    /// With the CPU signal: trials of the faster codec between the CPU
+    /// law's thresholds (`super::trial`).
+    trial: Option<Trial>,
 }
 
 /// The adaptive codec of a volume: the ladder under the policy's target
@@ -364,6 +372,7 @@ impl AdaptiveCodec {
                 .cpu
                 .as_ref()
                 .map(|_| LawState::new(HEADROOM_LAW, rungs.len().min(2))),
+            trial: (config.cpu.is_some() && rungs.len() > 1).then(|| Trial::new(TRIAL_DEFAULT)),
         });
         AdaptiveCodec {
             config,
@@ -398,6 +407,7 @@ impl AdaptiveCodec {
         match self.why.load(Ordering::Relaxed) {
             x if x == Why::Backlog as u8 => Why::Backlog,
             x if x == Why::Cpu as u8 => Why::Cpu,
+            x if x == Why::Trial as u8 => Why::Trial,
             _ => Why::Target,
         }
     }
@@ -409,31 +419,42 @@ impl AdaptiveCodec {
         (!b.is_nan()).then_some(b)
     }
 
-    /// The algorithm for the batch about to be submitted to `engine`. One
+    /// The algorithm for the batch about to be submitted to `engine`, with
+    /// `written` client bytes written so far (the trials' measure). One
     /// writer samples at a time; the others take the rung it chose.
-    pub fn choose(&self, engine: &dyn CompressEngine) -> Algorithm {
+    pub fn choose(&self, engine: &dyn CompressEngine, written: u64) -> Algorithm {
         let rung = match self.state.try_lock() {
             Some(mut st) => {
                 let backlog = engine.backlog_bytes() as f64 / engine.threads().max(1) as f64;
                 let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 let by_backlog = st.backlog.sample(now, backlog);
-                let by_cpu = match (st.cpu.as_mut(), self.config.cpu.as_ref()) {
-                    (Some(law), Some(src)) => match src.busy() {
-                        Some(b) => {
-                            self.busy.store(b.to_bits(), Ordering::Relaxed);
-                            law.sample(now, b)
-                        }
-                        None => law.rung(),
-                    },
+                let reading = self.config.cpu.as_ref().and_then(|src| src.busy());
+                if let Some(b) = reading {
+                    self.busy.store(b.to_bits(), Ordering::Relaxed);
+                }
+                let Laws { cpu, trial, .. } = &mut *st;
+                let by_cpu = match (cpu.as_mut(), reading) {
+                    (Some(law), Some(b)) => law.sample(now, b),
+                    (Some(law), None) => law.rung(),
                     _ => 0,
                 };
-                // The CPU law's rung 1 is the ladder's last.
-                let by_cpu = if by_cpu > 0 { self.rungs.len() - 1 } else { 0 };
-                let r = by_backlog.max(by_cpu);
+                let by_trial = match (trial.as_mut(), reading) {
+                    (Some(t), Some(b)) => t.sample(now, b, written),
+                    (Some(t), None) => t.fast(),
+                    _ => false,
+                };
+                // The CPU law's rung 1 and a trial's fast rung are the
+                // ladder's last.
+                let last = self.rungs.len() - 1;
+                let by_cpu = if by_cpu > 0 { last } else { 0 };
+                let by_trial = if by_trial { last } else { 0 };
+                let r = by_backlog.max(by_cpu).max(by_trial);
                 let why = if r == 0 {
                     Why::Target
-                } else if by_cpu >= by_backlog {
+                } else if by_cpu == r {
                     Why::Cpu
+                } else if by_trial == r {
+                    Why::Trial
                 } else {
                     Why::Backlog
                 };
@@ -702,7 +723,7 @@ mod tests {
         let t = Instant::now();
         // Straight from the target to the ladder's fastest: zstd:1 never.
         loop {
-            let got = a.choose(&idle_engine);
+            let got = a.choose(&idle_engine, 0);
             if got == alg("lz4") {
                 break;
             }
@@ -714,11 +735,11 @@ mod tests {
         assert_eq!(a.cpu_busy(), Some(0.99));
         // No reading: the rung holds.
         *src.0.lock() = None;
-        assert_eq!(a.choose(&idle_engine), alg("lz4"));
+        assert_eq!(a.choose(&idle_engine, 0), alg("lz4"));
         // Without a CPU source only the backlog counts: an idle engine
         // gets the target, and nothing is read.
         let b = AdaptiveCodec::new(alg("zstd:3"), AdaptConfig::backlog(LAW_DEFAULT));
-        assert_eq!(b.choose(&idle_engine), alg("zstd:3"));
+        assert_eq!(b.choose(&idle_engine, 0), alg("zstd:3"));
         assert_eq!(b.cpu_busy(), None);
         assert_eq!(b.why(), Why::Target);
     }

@@ -10,3 +10,4 @@ pub mod compress;
 pub mod headroom;
 pub mod policy;
 pub mod split;
+pub mod trial;

@@ -63,9 +63,9 @@ impl ActivePolicy {
 
     /// The algorithm for a client write batch about to go to `engine`: the
     /// target, or a faster rung of the ladder when the engine is behind.
-    pub fn write_algorithm(&self, engine: &dyn CompressEngine) -> Algorithm {
+    pub fn write_algorithm(&self, engine: &dyn CompressEngine, written: u64) -> Algorithm {
         match &self.adapt {
-            Some(a) => a.choose(engine),
+            Some(a) => a.choose(engine, written),
             None => self.algorithm,
         }
     }
