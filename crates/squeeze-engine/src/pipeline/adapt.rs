@@ -439,6 +439,12 @@ impl AdaptiveCodec {
                     _ => 0,
                 };
                 let by_trial = match (trial.as_mut(), reading) {
+                    // While the CPU law holds the fast rung, no window is
+                    // the target's: trials wait until it lets go.
+                    (Some(t), _) if by_cpu > 0 => {
+                        t.reset();
+                        false
+                    }
                     (Some(t), Some(b)) => t.sample(now, b, written),
                     (Some(t), None) => t.fast(),
                     _ => false,

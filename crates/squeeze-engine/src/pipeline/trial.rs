@@ -64,8 +64,13 @@ enum Phase {
     Watching { busy_since: Option<(u64, u64)> },
     /// At fast since (time, bytes), against the target's rate.
     Trying { since: (u64, u64), base: f64 },
-    /// At fast until; the last window's start.
-    Holding { until: u64, window: (u64, u64) },
+    /// At fast until; the current window's start, and the rate of the
+    /// last whole window.
+    Holding {
+        until: u64,
+        window: (u64, u64),
+        last: Option<f64>,
+    },
     /// At the target since (time, bytes), against fast's rate.
     Reversing { since: (u64, u64), base: f64 },
 }
@@ -101,6 +106,12 @@ impl Trial {
     /// Trials started, and kept.
     pub fn trials(&self) -> (u64, u64) {
         (self.trials, self.kept)
+    }
+
+    /// Back to watching at the target (the CPU law has taken the fast rung
+    /// itself: a window measured then is not the target's).
+    pub fn reset(&mut self) {
+        self.phase = Phase::Watching { busy_since: None };
     }
 
     /// Feeds one reading; returns whether the next batches take the
@@ -143,6 +154,7 @@ impl Trial {
                     Phase::Holding {
                         until: now + r.hold_ns,
                         window: (now, written),
+                        last: Some(rate(since)),
                     }
                 } else {
                     self.next_trial_ns = now + self.backoff_ns;
@@ -150,19 +162,30 @@ impl Trial {
                     Phase::Watching { busy_since: None }
                 }
             }
-            Phase::Holding { until, window } => {
+            Phase::Holding {
+                until,
+                window,
+                last,
+            } => {
+                let whole = now - window.0 >= r.window_ns;
+                let last = if whole { Some(rate(window)) } else { last };
                 if now >= until {
                     Phase::Reversing {
                         since: (now, written),
-                        base: rate(window),
+                        base: last.unwrap_or_else(|| rate(window)),
                     }
-                } else if now - window.0 >= r.window_ns {
+                } else if whole {
                     Phase::Holding {
                         until,
                         window: (now, written),
+                        last,
                     }
                 } else {
-                    Phase::Holding { until, window }
+                    Phase::Holding {
+                        until,
+                        window,
+                        last,
+                    }
                 }
             }
             Phase::Reversing { since, base } if now - since.0 >= r.window_ns => {
@@ -173,6 +196,7 @@ impl Trial {
                     Phase::Holding {
                         until: now + r.hold_ns,
                         window: (now, written),
+                        last: Some(base),
                     }
                 }
             }
@@ -255,6 +279,11 @@ mod tests {
         run(&mut t, &mut at, &mut w, 2_000, [0.4, 0.6], 0.9);
         assert!(t.fast());
         run(&mut t, &mut at, &mut w, 200, [0.0, 0.0], 0.1);
+        assert!(!t.fast());
+        // The CPU law taking the fast rung itself ends a trial too.
+        run(&mut t, &mut at, &mut w, 2_000, [0.4, 0.6], 0.9);
+        assert!(t.fast());
+        t.reset();
         assert!(!t.fast());
     }
 
