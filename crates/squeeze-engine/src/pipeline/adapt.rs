@@ -346,9 +346,10 @@ struct Laws {
 }
 
 /// The adaptive codec of a volume: the ladder under the policy's target
-/// and the control laws' state, shared by every writer. Each law keeps its
-/// own rung; a batch gets the faster of the two, so each law's promise
-/// (no oscillation, the target when its signal is low) holds for the pair.
+/// and the control laws' state, shared by every writer. Each law (and the
+/// trials) keeps its own rung; a batch gets the fastest of them, so each
+/// one's promise (no oscillation, the target when its signal is low) holds
+/// for the whole.
 pub struct AdaptiveCodec {
     config: AdaptConfig,
     rungs: Vec<Algorithm>,
