@@ -5,6 +5,7 @@
 #
 #   sudo bench/ceph_compare.sh                          # CONFIGS="plain:none plain:snappy plain:zstd squeeze:none"
 #   sudo CONFIGS="squeeze:none" FIO_SIZE=1g bench/ceph_compare.sh
+#   sudo REPS=3 bench/ceph_compare.sh                   # every configuration 3 times, in turn
 #
 # For each configuration, a fresh single-host cluster on loopback (Debian's ceph-mon, ceph-mgr,
 # ceph-osd; auth none; pool size 1; one BlueStore OSD, like the seed's per-drive view):
@@ -31,8 +32,12 @@
 # results.jsonl, idle_server_ticks).
 #
 # Output: a markdown table on stdout and in OUT/table.md, OUT/results.jsonl, OUT/machine.txt,
-# and per configuration the fio JSON, Ceph's logs and the server's log under OUT/CONFIG/.
-# Env: CONFIGS, FIO_SIZE (2g), RANDWRITE_SECONDS (30), REAL_MB (512), DEV_SIZE (32G: the
+# and per configuration the fio JSON, Ceph's logs and the server's log under OUT/CONFIG/
+# (OUT/CONFIG.rN/ with REPS > 1). With REPS > 1 the configurations run in turn REPS times (one
+# row each, so a slow minute of the host falls on every configuration alike), and a second table
+# gives each configuration's median write MB/s and the median of its write over the first
+# configuration's write in the same repetition.
+# Env: CONFIGS, REPS (1), FIO_SIZE (2g), RANDWRITE_SECONDS (30), REAL_MB (512), DEV_SIZE (32G: the
 #      device, thin on both sides), OUT (/var/tmp/squeeze-ceph.<time>), BENCH_LOCK
 #      (/tmp/bench.lock), BIN (a squeeze binary instead of building one), SQUEEZE_SERVE_ARGS,
 #      IDLE_MAX (120).
@@ -45,6 +50,8 @@ SQ_PROG=bench/ceph_compare.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 CONFIGS=${CONFIGS:-plain:none plain:snappy plain:zstd squeeze:none}
+REPS=${REPS:-1}
+[[ $REPS =~ ^[1-9][0-9]*$ ]] || sq_die "REPS must be a positive integer, not '$REPS'"
 FIO_SIZE=${FIO_SIZE:-2g}
 RANDWRITE_SECONDS=${RANDWRITE_SECONDS:-30}
 REAL_MB=${REAL_MB:-512}
@@ -171,11 +178,14 @@ flock 9
 fio_gib=$(python3 -c "
 s='$FIO_SIZE'.lower(); m={'k':2**10,'m':2**20,'g':2**30,'t':2**40}
 print((int(s[:-1])*m[s[-1]] if s[-1] in m else int(s)) / 2**30)")
+for rep in $(seq "$REPS"); do
 for c in $CONFIGS; do
   KIND=${c%%:*}
   ALG=${c#*:}
   [[ $KIND == plain || $KIND == squeeze ]] || sq_die "unknown configuration $c (plain:ALG or squeeze:ALG)"
-  CDIR=$OUT/${KIND}-$ALG
+  CDIR_NAME=${KIND}-$ALG
+  ((REPS == 1)) || CDIR_NAME+=.r$rep
+  CDIR=$OUT/$CDIR_NAME
   mkdir -p "$CDIR"
   sq_log "$c: cluster up"
   RESULT=()
@@ -193,10 +203,11 @@ for c in $CONFIGS; do
   sq_log "$c: ${RANDWRITE_SECONDS}s of 4 KiB random writes"
   measure randwrite 0 fio_job randwrite rand randwrite 4k 32 --size=4g --time_based --runtime="$RANDWRITE_SECONDS"
   cp "$SCR"/log/*.log "$CDIR/" 2>/dev/null || true
-  echo "{\"config\": \"$c\", \"hz\": $(getconf CLK_TCK), $(IFS=,; echo "${RESULT[*]}")}" \
+  echo "{\"config\": \"$c\", \"rep\": $rep, \"dir\": \"$CDIR_NAME\", \"hz\": $(getconf CLK_TCK), $(IFS=,; echo "${RESULT[*]}")}" \
     | tr -d '\n' >>"$OUT/results.jsonl"
   echo >>"$OUT/results.jsonl"
   cleanup
+done
 done
 
 python3 - "$OUT" <<'EOF' | tee "$OUT/table.md"
@@ -209,12 +220,11 @@ def fio(cfg, name):
     return job["read"] if job["read"]["io_bytes"] > job["write"]["io_bytes"] else job["write"]
 print("| OSD device, pool compression | write MB/s | disk MB/s while writing | read MB/s | 4k randwrite IOPS | ratio, fio data | ratio, real files | ceph-osd CPU s/GiB written | squeeze CPU s/GiB written | whole machine CPU s/GiB written |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-for line in open(f"{out}/results.jsonl"):
-    if not line.strip():
-        continue
-    r = json.loads(line)
+rows = [json.loads(line) for line in open(f"{out}/results.jsonl") if line.strip()]
+reps = max(r.get("rep", 1) for r in rows)
+for r in rows:
     kind, alg = r["config"].split(":")
-    cfg = f"{kind}-{alg}"
+    cfg = r.get("dir", f"{kind}-{alg}")
     hz = r["hz"]
     w, rd, rw = fio(cfg, "seqwrite"), fio(cfg, "seqread"), fio(cfg, "randwrite")
     def ratio(k):
@@ -230,10 +240,24 @@ for line in open(f"{out}/results.jsonl"):
     gib = sw["gib"] + real["gib"]
     per = lambda key: (sw[key] + real[key]) / hz / gib
     label = ("plain file" if kind == "plain" else "squeeze zstd:3 (FUSE export + loop)") + \
-            (", BlueStore " + alg if alg != "none" else ", none")
+            (", BlueStore " + alg if alg != "none" else ", none") + \
+            (f", run {r['rep']}" if reps > 1 else "")
+    r["write_mbps"] = w["bw_bytes"] / 1e6
     disk = (sw["device_bytes_after"] - sw["device_bytes_before"]) / sw["seconds"] / 1e6
     print(f"| {label} | {w['bw_bytes'] / 1e6:.0f} | {disk:.0f} | {rd['bw_bytes'] / 1e6:.0f} | {rw['iops'] / 1e3:.1f}k "
           f"| {ratio('seqwrite')} | {ratio('real')} | {per('osd_ticks'):.2f} "
           f"| {per('server_ticks'):.2f} | {per('machine_ticks'):.2f} |")
+if reps > 1:
+    import statistics
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    first = configs[0]
+    by = {(r["config"], r["rep"]): r["write_mbps"] for r in rows}
+    print()
+    print(f"| configuration | median write MB/s ({reps} runs) | median write / {first}'s, same run |")
+    print("|---|---:|---:|")
+    for c in configs:
+        mine = [by[(c, k)] for k in range(1, reps + 1) if (c, k) in by]
+        rel = [by[(c, k)] / by[(first, k)] for k in range(1, reps + 1) if (c, k) in by and by.get((first, k))]
+        print(f"| {c} | {statistics.median(mine):.0f} | {statistics.median(rel):.2f}x |")
 EOF
 sq_log "results in $OUT"
