@@ -67,7 +67,8 @@ pub fn parse_cpu_line(line: &str) -> Option<CpuTicks> {
 pub struct ProcStat {
     path: PathBuf,
     min_interval: Duration,
-    last: Mutex<Option<(Instant, CpuTicks)>>,
+    /// The previous reading that returned a value (or the first, at open).
+    last: Mutex<(Instant, CpuTicks)>,
 }
 
 impl ProcStat {
@@ -88,7 +89,7 @@ impl ProcStat {
         Ok(ProcStat {
             path,
             min_interval,
-            last: Mutex::new(Some((Instant::now(), ticks))),
+            last: Mutex::new((Instant::now(), ticks)),
         })
     }
 }
@@ -106,21 +107,19 @@ impl BusySource for ProcStat {
     fn busy(&self) -> Option<f64> {
         let mut last = self.last.try_lock()?;
         let now = Instant::now();
-        if let Some((at, _)) = *last {
-            if now.duration_since(at) < self.min_interval {
-                return None;
-            }
+        if now.duration_since(last.0) < self.min_interval {
+            return None;
         }
         let ticks = parse_cpu_line(&read_first_line(&self.path).ok()?)?;
-        let share = last.and_then(|(_, prev)| {
-            let busy = ticks.busy.saturating_sub(prev.busy);
-            let total = busy + ticks.free.saturating_sub(prev.free);
-            (total > 0).then(|| busy as f64 / total as f64)
-        });
-        if share.is_some() || last.is_none() {
-            *last = Some((now, ticks));
+        let prev = last.1;
+        let busy = ticks.busy.saturating_sub(prev.busy);
+        let total = busy + ticks.free.saturating_sub(prev.free);
+        if total == 0 {
+            // No tick counted yet: the next reading covers this window too.
+            return None;
         }
-        share
+        *last = (now, ticks);
+        Some(busy as f64 / total as f64)
     }
 }
 

@@ -69,7 +69,7 @@ enum Phase {
     Holding {
         until: u64,
         window: (u64, u64),
-        last: Option<f64>,
+        last: f64,
     },
     /// At the target since (time, bytes), against fast's rate.
     Reversing { since: (u64, u64), base: f64 },
@@ -154,7 +154,7 @@ impl Trial {
                     Phase::Holding {
                         until: now + r.hold_ns,
                         window: (now, written),
-                        last: Some(rate(since)),
+                        last: rate(since),
                     }
                 } else {
                     self.next_trial_ns = now + self.backoff_ns;
@@ -167,18 +167,15 @@ impl Trial {
                 window,
                 last,
             } => {
-                let whole = now - window.0 >= r.window_ns;
-                let last = if whole { Some(rate(window)) } else { last };
+                let (window, last) = if now - window.0 >= r.window_ns {
+                    ((now, written), rate(window))
+                } else {
+                    (window, last)
+                };
                 if now >= until {
                     Phase::Reversing {
                         since: (now, written),
-                        base: last.unwrap_or_else(|| rate(window)),
-                    }
-                } else if whole {
-                    Phase::Holding {
-                        until,
-                        window: (now, written),
-                        last,
+                        base: last,
                     }
                 } else {
                     Phase::Holding {
@@ -196,7 +193,7 @@ impl Trial {
                     Phase::Holding {
                         until: now + r.hold_ns,
                         window: (now, written),
-                        last: Some(base),
+                        last: base,
                     }
                 }
             }
