@@ -120,10 +120,24 @@ fn busy_cores_step_the_codec_down_and_idle_time_upgrades() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    // The next write after the quiet spell gets the target again.
+    // The next writes after the quiet spell get the target again, unless
+    // something else keeps the cores busy (a loaded test machine): then
+    // the law is right to stay down, and its last reading says why.
+    let t = Instant::now();
+    let mut st = live_stats(&srv);
     write_until(&mut c, &mut off, &mut seed, &mut model, || {
-        live_stats(&srv)["write_algorithm"] == "zstd:3"
+        st = live_stats(&srv);
+        st["write_algorithm"] == "zstd:3" || t.elapsed() > Duration::from_secs(10)
     });
+    if st["write_algorithm"] != "zstd:3" {
+        let busy = st["cpu_busy"].as_f64().unwrap();
+        // (A kept trial holds until the cores fall under 60% busy.)
+        assert!(busy >= 0.6, "still below the target on idle cores: {st}");
+        eprintln!(
+            "the cores stayed {:.0}% busy after the spinners stopped: {st}",
+            busy * 100.0
+        );
+    }
     for (o, d) in &model {
         assert!(c.read(*o, REQ as u32).unwrap() == *d, "bytes at {o} differ");
     }
