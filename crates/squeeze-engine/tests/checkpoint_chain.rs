@@ -229,3 +229,95 @@ fn a_delta_bigger_than_its_segments_is_streamed_and_survives_power_cuts() {
     assert!(st.checkpoint_deltas >= 1, "{st:?}");
     assert!(st.checkpoint_delta_bytes > 65_536 * 20, "{st:?}");
 }
+
+#[test]
+fn compact_leaves_one_base_and_frees_the_chain_before_it() {
+    let (s, v) = sim_volume(64 * MIB, None);
+    let mut model = vec![0u8; 64 * MIB as usize];
+    fill(&v, &mut model, 32 * MIB, 5);
+    v.checkpoint().unwrap();
+    // Rounds of scattered overwrites, a checkpoint after each: deltas pile
+    // up on the base (under the rebase threshold, as on a store whose
+    // buckets change at random between two rebases).
+    let mut r = rng(6);
+    for _ in 0..20 {
+        for _ in 0..1024 {
+            let off = 4096 * r.gen_range(0..8192u64);
+            let d = data(&mut r, 3, 4096);
+            v.write(off, &d, false).unwrap();
+            model[off as usize..off as usize + 4096].copy_from_slice(&d);
+        }
+        v.checkpoint().unwrap();
+    }
+    let before = v.stats();
+    assert!(before.checkpoint_deltas >= 20, "{before:?}");
+    assert!(
+        before.checkpoint_delta_bytes > before.checkpoint_base_bytes,
+        "{before:?}"
+    );
+    v.compact(|_, _| {}).unwrap();
+    let after = v.stats();
+    // A base of the map as it now is (8192 sectors in 4 KiB records: 8192
+    // runs of 20 bytes, in 4 KiB pages), then the empty delta of the
+    // checkpoint that freed the chain before it.
+    assert_eq!(after.checkpoint_deltas, 1, "{after:?}");
+    assert!(after.checkpoint_delta_bytes <= 8192, "{after:?}");
+    assert!(
+        after.checkpoint_base_bytes <= 8192 * 20 + 2 * 4096,
+        "{after:?}"
+    );
+    // Nothing but the live records, one chain and the head's segment.
+    let in_use = (after.segments_total - after.segments_free) * after.segment_size;
+    let chain = after.checkpoint_base_bytes + after.checkpoint_delta_bytes;
+    assert!(
+        in_use <= after.stored_bytes + chain + 3 * after.segment_size,
+        "{in_use} in use for {} stored and a chain of {chain}: {after:?}",
+        after.stored_bytes
+    );
+    assert!(read_all(&v, 64 * MIB) == model);
+    v.verify_accounting().unwrap();
+    drop(v);
+    let v = reopen(&s);
+    assert!(read_all(&v, 64 * MIB) == model);
+    v.verify_accounting().unwrap();
+}
+
+#[test]
+fn compact_on_a_nearly_full_volume_writes_deltas_not_a_base() {
+    let s = Arc::new(SimStorage::new());
+    let mut o = small_opts(64 * MIB);
+    o.max_physical = 8 * MIB;
+    let v = Volume::create(s.clone(), &o).unwrap();
+    let mut r = rng(7);
+    let (written, err) = write_until_error(&v, &mut r, 0, 64 * MIB);
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    // Something for the compaction to clean: before, with no checkpoint
+    // between victims, it ran out of room on such a volume ("backing store
+    // full") and gave nothing back.
+    v.trim(0, MIB, false).unwrap();
+    v.flush().unwrap();
+    let mut model = vec![0u8; written as usize];
+    v.read(0, &mut model).unwrap();
+    let before = v.stats();
+    // The free segments cannot hold a base beside the cleaner's reserve:
+    // the compaction ends with its two checkpoints as deltas.
+    v.compact(|_, _| {}).unwrap();
+    let after = v.stats();
+    assert!(
+        after.segments_free < 10,
+        "room for a base after all: {after:?}"
+    );
+    assert_eq!(after.checkpoint_base_bytes, before.checkpoint_base_bytes);
+    assert!(
+        after.checkpoint_deltas >= before.checkpoint_deltas + 2,
+        "{after:?}"
+    );
+    let mut back = vec![0u8; written as usize];
+    v.read(0, &mut back).unwrap();
+    assert!(back == model);
+    v.verify_accounting().unwrap();
+    drop(v);
+    let v = reopen(&s);
+    v.read(0, &mut back).unwrap();
+    assert!(back == model);
+}

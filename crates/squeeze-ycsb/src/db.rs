@@ -111,6 +111,10 @@ impl Db for KvDb {
             "logical_bytes": s.logical_size,
             "mapped_bytes": s.mapped_bytes,
             "stored_bytes": s.stored_bytes,
+            "allocated_bytes": s.allocated_bytes,
+            "garbage_bytes": s.garbage_bytes,
+            "checkpoint_base_bytes": s.checkpoint_base_bytes,
+            "checkpoint_delta_bytes": s.checkpoint_delta_bytes,
             "compression_ratio": s.compression_ratio,
             "buckets": self.store().header().buckets,
         })

@@ -6,7 +6,8 @@
 //! the deltas add up to [`REBASE_FACTOR`] times the base (and at least
 //! [`REBASE_MIN_BYTES`]), so checkpoint bytes follow what clients change,
 //! not the size of the map, and recovery reads at most
-//! `1 + REBASE_FACTOR` times a base.
+//! `1 + REBASE_FACTOR` times a base; and when `compact` asks for one
+//! ([`write_base_if_room`]).
 //!
 //! Steps, and what a crash after each leaves:
 //! 1. Under the log lock, wait until every reserved record is installed,
@@ -105,11 +106,27 @@ fn wants_base(inner: &Inner) -> bool {
 
 /// Writes a checkpoint; with `clean`, also marks the volume cleanly closed.
 pub fn write(inner: &Inner, clean: bool) -> Result<()> {
+    write_piece(inner, clean, false)
+}
+
+/// Writes a checkpoint whose piece is a base when the free segments hold
+/// one beside the cleaner's reserve, and one `write` would choose
+/// otherwise. After a compaction that moved most of the map, the chain is
+/// the old base plus deltas about as big as the map (up to
+/// [`REBASE_FACTOR`] bases of them wait for the next rebase); a base now,
+/// and any checkpoint after it, leave one piece of the map as it is.
+pub fn write_base_if_room(inner: &Inner) -> Result<()> {
+    let needed = segments_needed(inner, 0) + crate::space::cleaner::TIGHT_SEGMENTS;
+    let room = inner.log.lock().table.available() >= needed;
+    write_piece(inner, false, room)
+}
+
+fn write_piece(inner: &Inner, clean: bool, force_base: bool) -> Result<()> {
     let _one = inner.ckpt_lock.lock();
     if let Some(why) = inner.poisoned.lock().clone() {
         return Err(EngineError::ReadOnly(why));
     }
-    let mut base = wants_base(inner);
+    let mut base = force_base || wants_base(inner);
     let chain = inner.sb.lock().checkpoint.clone();
     // 1. The piece, at the head.
     let (built, freeable, generation, new_head_seq) = {

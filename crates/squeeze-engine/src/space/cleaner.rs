@@ -714,13 +714,25 @@ pub(crate) fn compact(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Resu
         }
     }
     while let Some(v) = pick_victim(inner, 1.0 - 1e-9, start_seq, &done, false) {
-        let r = clean_segment(inner, v)?;
+        let r = match clean_segment(inner, v) {
+            // The victims cleaned so far, and segments trimmed empty, keep
+            // their room until two checkpoints free them (see `make_room`):
+            // on a nearly full volume, free them and go on.
+            Err(EngineError::NoSpace(_)) if checkpoint::reclaimable(inner) => {
+                checkpoint::write(inner, false)?;
+                checkpoint::write(inner, false)?;
+                clean_segment(inner, v)?
+            }
+            r => r?,
+        };
         rep.add(&r);
         done.push(v);
         progress(rep.victims, total);
     }
-    // Two checkpoints free every victim (see `make_room`).
-    checkpoint::write(inner, false)?;
+    // Two checkpoints free every victim (see `make_room`). The first is a
+    // base where there is room for one, so that the chain left is the map
+    // as it now is, not the base before plus deltas of every sector moved.
+    checkpoint::write_base_if_room(inner)?;
     checkpoint::write(inner, false)?;
     Ok(rep)
 }
