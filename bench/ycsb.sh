@@ -47,7 +47,8 @@ TARGET=${CARGO_TARGET_DIR:-$SQ_ROOT/target}
 
 missing=()
 [[ -e /usr/include/rocksdb/c.h ]] || missing+=(librocksdb-dev)
-compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || missing+=(libclang-dev)
+# (libclang.so itself: libclang-cpp.so, which other packages bring, is not what bindgen loads)
+compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || missing+=(libclang-dev)
 if ((${#missing[@]})); then
   if [[ $(id -u) == 0 && ${INSTALL:-1} != 0 ]]; then
     sq_log "installing ${missing[*]} (apt-get; INSTALL=0 to refuse)"

@@ -116,13 +116,17 @@ fn create_import_export_check() {
     assert!(out.contains("ok: no damage"), "{out}");
 
     // Flip a byte in the middle of the first live record's payload.
+    let hex = info["uuid"].as_str().unwrap().replace('-', "");
+    let uuid: [u8; 16] = std::array::from_fn(|i| {
+        u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("uuid in hex")
+    });
     let bytes = std::fs::read(&vol).unwrap();
     let mut off = 1 << 20;
     let mut target = None;
     while off + 64 < bytes.len() {
-        if let Ok(h) = squeeze_format::RecordHeader::decode(&bytes[off..off + 64]) {
+        if let Ok(h) = squeeze_format::RecordHeader::decode(&bytes[off..off + 64], &uuid) {
             if h.kind == squeeze_format::RecordKind::Extent && h.lba == 0 {
-                target = Some(off + 64 + h.stored_len as usize / 2);
+                target = Some(off + h.header_len() + h.stored_len as usize / 2);
                 break;
             }
         }

@@ -9,6 +9,11 @@
 //!   segments, created with lz4, the first 256 KiB of the format 1 fixture
 //!   imported, then `squeeze set --algorithm zstd:3`, closed cleanly
 //!   (written by the build at 5b49be3).
+//! - tests/fixtures/format-v3.sqz (format 3: full record headers only, a
+//!   chain whose pieces carry segment notes): 4 MiB logical, 512 KiB
+//!   segments, created with lz4, the same 256 KiB imported, then `squeeze
+//!   set --algorithm zstd:3`, closed cleanly (written by the build at
+//!   7f23e56).
 //!
 //! Any change to the on-disk format must keep these passing (or bump the
 //! version and add a migration, with a new fixture). The map pages out to
@@ -92,6 +97,86 @@ fn a_version_1_volume_opens_checks_and_reads_back() {
 #[test]
 fn a_version_2_volume_opens_checks_and_reads_back() {
     opens_checks_reads_back_and_upgrades("format-v2.sqz", 2, "zstd:3");
+}
+
+#[test]
+fn a_version_3_volume_opens_checks_and_reads_back() {
+    opens_checks_reads_back_and_upgrades("format-v3.sqz", 3, "zstd:3");
+}
+
+/// The records of the log, by header form: (full, short). Walks the
+/// segments' records as the cleaner does.
+fn records_by_form(vol: &Path) -> (usize, usize) {
+    let i = info(vol.to_str().unwrap());
+    let hex = i["uuid"].as_str().unwrap().replace('-', "");
+    let uuid: [u8; 16] =
+        std::array::from_fn(|k| u8::from_str_radix(&hex[2 * k..2 * k + 2], 16).unwrap());
+    let seg = i["segment_size"].as_u64().unwrap() as usize;
+    let bytes = std::fs::read(vol).unwrap();
+    let (mut full, mut short) = (0, 0);
+    for s in bytes[squeeze_format::DATA_START as usize..].chunks(seg) {
+        use squeeze_format::{HeaderForm, RecordScan, Stride};
+        for r in RecordScan::new(s, uuid, Stride::Record) {
+            if r.header.kind.has_payload() {
+                match r.header.form {
+                    HeaderForm::Full => full += 1,
+                    HeaderForm::Short => short += 1,
+                }
+            }
+        }
+    }
+    (full, short)
+}
+
+/// A version 3 log has full headers only; once a checkpoint has made the
+/// superblock say 4, new records get short ones, and the two kinds of
+/// record read back side by side (and after a compaction, which moves the
+/// old ones).
+#[test]
+fn a_version_3_volume_writes_short_headers_only_after_its_upgrade() {
+    use squeeze_engine::{FileStorage, Volume};
+    let dir = tempfile::tempdir().unwrap();
+    let vol = copy_fixture("format-v3.sqz", dir.path());
+    let (full, short) = records_by_form(&vol);
+    assert!(full > 0 && short == 0, "{full} full, {short} short");
+    let data = export_256k(vol.to_str().unwrap(), &dir.path().join("out.bin"));
+    let storage = std::sync::Arc::new(FileStorage::open(&vol).unwrap());
+    let v = Volume::open(storage, Default::default()).unwrap();
+    // Before the upgrade: full headers.
+    v.write(2 << 20, &data[..131072], false).unwrap();
+    v.flush().unwrap();
+    assert_eq!(v.superblock().version, 3);
+    assert_eq!(
+        records_by_form(&vol).1,
+        0,
+        "a short header in a version 3 log"
+    );
+    // The checkpoint makes it version 4; then short headers.
+    v.checkpoint().unwrap();
+    assert_eq!(v.superblock().version, 4);
+    v.write(3 << 20, &data[131072..], false).unwrap();
+    v.close().unwrap();
+    let (full, short) = records_by_form(&vol);
+    assert!(full > 0 && short > 0, "{full} full, {short} short");
+    let v = vol.to_str().unwrap();
+    check(v);
+    let all = |name: &str| {
+        let out = dir.path().join(name);
+        let o = squeeze(&["export", v, out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read(out).unwrap()
+    };
+    let before = all("before.bin");
+    assert_eq!(before[..262144], data[..]);
+    assert_eq!(before[2 << 20..(2 << 20) + 131072], data[..131072]);
+    assert_eq!(before[3 << 20..(3 << 20) + 131072], data[131072..]);
+    let o = squeeze(&["compact", v]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check(v);
+    assert!(all("after.bin") == before);
+    // Everything the compaction moved got a short header.
+    let (full, short) = records_by_form(&vol);
+    assert!(short > 0, "{full} full, {short} short");
 }
 
 /// Opens a copy of `fixture` read-only with no map cache: the chain the old

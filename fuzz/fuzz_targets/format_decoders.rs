@@ -8,7 +8,9 @@
 //! Input: one mode byte, then the bytes handed to every decoder. Mode bits
 //! let the fuzzer past the checksums and framing into the validation logic
 //! (random bytes almost never carry a right CRC-32C):
-//! - bit 0: recompute the record header CRC (bytes 60..64);
+//! - bit 0: recompute the record header CRC (a full header: bytes 60..64;
+//!   a short one, whose bytes start `sz`: 28..32, over the uuid
+//!   [`RECORD_UUID`] first);
 //! - bit 1: zero-pad to 4 KiB and recompute the superblock CRC (4092..4096);
 //! - bit 2: take the checkpoint's expected uuid from its own bytes 16..32;
 //! - bit 3: rewrite the checkpoint's chunk count to fit the length;
@@ -22,10 +24,14 @@ use libfuzzer_sys::fuzz_target;
 use squeeze_format::checkpoint::{pieces, Piece, PIECE_ALIGN, PIECE_HEADER_SIZE};
 use squeeze_format::checkpoint_v1::{CheckpointReader, CHECKPOINT_HEADER_SIZE, CHUNK_BYTES};
 use squeeze_format::checksum::{crc32c, crc32c_append};
-use squeeze_format::record::verify_payload;
+use squeeze_format::record::{verify_payload, SHORT_MAGIC};
 use squeeze_format::{
-    MapEntry, PieceDecoder, RecordHeader, Superblock, RECORD_HEADER_SIZE, SUPERBLOCK_SIZE,
+    MapEntry, PieceDecoder, RecordHeader, Superblock, RECORD_HEADER_SIZE, SHORT_HEADER_SIZE,
+    SUPERBLOCK_SIZE,
 };
+
+/// The volume uuid record headers are decoded for (gen-corpus's).
+const RECORD_UUID: [u8; 16] = [0x5a; 16];
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, bytes)) = data.split_first() else {
@@ -103,21 +109,27 @@ fn streamed(mode: u8, b: &[u8], uuid: &[u8; 16]) {
 
 fn record(mode: u8, bytes: &[u8]) {
     let mut b = bytes.to_vec();
-    if mode & 1 != 0 && b.len() >= RECORD_HEADER_SIZE {
+    if mode & 1 != 0 && b.len() >= SHORT_HEADER_SIZE && b.starts_with(&SHORT_MAGIC) {
+        let crc = crc32c_append(crc32c(&RECORD_UUID), &b[..28]);
+        b[28..32].copy_from_slice(&crc.to_le_bytes());
+    } else if mode & 1 != 0 && b.len() >= RECORD_HEADER_SIZE {
         let crc = crc32c(&b[..60]);
         b[60..64].copy_from_slice(&crc.to_le_bytes());
     }
-    let Ok(h) = RecordHeader::decode(&b) else {
+    let Ok(h) = RecordHeader::decode(&b, &RECORD_UUID) else {
         return;
     };
     let _ = h.record_len();
     let _ = h.raw_len();
-    let payload = &b[RECORD_HEADER_SIZE..];
+    let payload = &b[h.header_len()..];
     let _ = verify_payload(&h, payload);
     let _ = verify_payload(&h, &payload[..payload.len().min(h.stored_len as usize)]);
     let mut out = [0u8; RECORD_HEADER_SIZE];
     h.encode(&mut out);
-    assert_eq!(RecordHeader::decode(&out).expect("re-encoded header"), h);
+    assert_eq!(
+        RecordHeader::decode(&out[..h.header_len()], &RECORD_UUID).expect("re-encoded header"),
+        h
+    );
 }
 
 fn superblock(mode: u8, bytes: &[u8]) {

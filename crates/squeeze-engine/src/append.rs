@@ -19,7 +19,8 @@ use crate::space::ahead::ALLOC_STEP;
 use crate::space::{SegState, SegmentId};
 use crate::state::Inner;
 use squeeze_format::{
-    checksum, CodecId, RecordHeader, RecordKind, RECORD_ALIGN, RECORD_HEADER_SIZE, SECTOR_SIZE,
+    checksum, CodecId, HeaderForm, RecordHeader, RecordKind, RECORD_ALIGN, RECORD_HEADER_SIZE,
+    SECTOR_SIZE,
 };
 use std::sync::atomic::Ordering;
 
@@ -73,6 +74,7 @@ pub(crate) fn segment_header(uuid: &[u8; 16], seq: u64, segment: SegmentId) -> R
         stored_len: 0,
         aux: u64::from(segment),
         payload_crc: 0,
+        form: HeaderForm::Full,
     }
 }
 
@@ -87,13 +89,15 @@ fn payload_crc(item: &Item, buf: &[u8]) -> u32 {
 }
 
 /// An item's record header; `payload_crc` from [`payload_crc`], computed
-/// once per append outside every lock.
+/// once per append outside every lock. `short`: the volume is in format 4,
+/// so the header is short where its fields fit one.
 fn item_header(
     uuid: &[u8; 16],
     item: &Item,
     buf: &[u8],
     seq: u64,
     payload_crc: u32,
+    short: bool,
 ) -> RecordHeader {
     // Zero records carry no payload; a relocation names the record it
     // copies (aux), an extent nothing.
@@ -105,6 +109,7 @@ fn item_header(
         Item::Blob { lba, sectors, .. } => (RecordKind::Extent, *lba, *sectors, 0),
     };
     let (codec, payload) = item.payload(buf);
+    let stored_len = payload.len() as u32;
     RecordHeader {
         kind,
         codec,
@@ -112,23 +117,34 @@ fn item_header(
         uuid: *uuid,
         lba,
         sectors,
-        stored_len: payload.len() as u32,
+        stored_len,
         aux,
         payload_crc,
+        form: HeaderForm::choose(short, kind, lba, sectors, stored_len, aux),
     }
 }
 
 impl Inner {
+    /// Bytes `item` would occupy in the log if appended now.
+    pub(crate) fn record_len(&self, item: &Item, buf: &[u8]) -> u64 {
+        let short = self.short_records.load(Ordering::Acquire);
+        item_header(&self.uuid, item, buf, 0, 0, short).record_len()
+    }
+
     /// Appends encoded items to the log and installs them in the map.
     pub(crate) fn append(&self, items: &[Item], buf: &[u8], room: Room) -> Result<()> {
         let inner = self;
+        // Short headers only once the superblock says format 4 (durably:
+        // a checkpoint sets it, and never back), so that no build that
+        // reads only full headers opens a log holding short ones.
+        let short = inner.short_records.load(Ordering::Acquire);
         let lens: Vec<u64> = items
             .iter()
-            .map(|it| squeeze_format::record_bytes(it.payload(buf).1.len() as u64))
+            .map(|it| item_header(&inner.uuid, it, buf, 0, 0, short).record_len())
             .collect();
         let crcs: Vec<u32> = items.iter().map(|it| payload_crc(it, buf)).collect();
         let (placements, ticket) = inner.reserve(&lens, room)?;
-        let result = self.write_placements(items, buf, &crcs, &placements);
+        let result = self.write_placements(items, buf, &crcs, &placements, short);
         if let Err(e) = result {
             inner.poison(&e);
             inner.tickets.complete(ticket);
@@ -139,7 +155,7 @@ impl Inner {
             let mut installed = Ok(());
             for p in placements.iter() {
                 let Some(i) = p.item else { continue };
-                let h = item_header(&inner.uuid, &items[i], buf, p.seq, crcs[i]);
+                let h = item_header(&inner.uuid, &items[i], buf, p.seq, crcs[i], short);
                 // A chunk paged out is paged in here, under the lock; if
                 // that fails the volume has turned read-only, and replay
                 // installs the records written.
@@ -219,24 +235,30 @@ impl Inner {
         buf: &[u8],
         crcs: &[u32],
         placements: &[Placement],
+        short: bool,
     ) -> Result<()> {
         static PAD: [u8; RECORD_ALIGN as usize] = [0; RECORD_ALIGN as usize];
         let mut headers = vec![0u8; placements.len() * RECORD_HEADER_SIZE];
+        let mut header_lens = Vec::with_capacity(placements.len());
         for (p, h) in placements
             .iter()
             .zip(headers.chunks_exact_mut(RECORD_HEADER_SIZE))
         {
-            match p.item {
-                None => segment_header(&self.uuid, p.seq, p.segment).encode(h),
-                Some(i) => item_header(&self.uuid, &items[i], buf, p.seq, crcs[i]).encode(h),
-            }
+            let header = match p.item {
+                None => segment_header(&self.uuid, p.seq, p.segment),
+                Some(i) => item_header(&self.uuid, &items[i], buf, p.seq, crcs[i], short),
+            };
+            header.encode(h);
+            header_lens.push(header.header_len());
         }
         let mut parts: Vec<&[u8]> = Vec::with_capacity(placements.len() * 3);
         let (mut run_start, mut run_end, mut total) = (0u64, 0u64, 0u64);
-        for (p, h) in placements
+        for ((p, h), &header_len) in placements
             .iter()
             .zip(headers.chunks_exact(RECORD_HEADER_SIZE))
+            .zip(&header_lens)
         {
+            let h = &h[..header_len];
             if !parts.is_empty() && run_end != p.offset {
                 self.storage.write_parts_at(&parts, run_start)?;
                 total += run_end - run_start;
@@ -246,14 +268,14 @@ impl Inner {
                 (run_start, run_end) = (p.offset, p.offset);
             }
             parts.push(h);
-            let mut len = RECORD_HEADER_SIZE as u64;
+            let mut len = header_len as u64;
             if let Some(i) = p.item {
                 let (_, payload) = items[i].payload(buf);
                 if !payload.is_empty() {
                     parts.push(payload);
                 }
                 len = squeeze_format::align_record(len + payload.len() as u64);
-                let pad = (len - RECORD_HEADER_SIZE as u64) as usize - payload.len();
+                let pad = (len - header_len as u64) as usize - payload.len();
                 if pad > 0 {
                     parts.push(&PAD[..pad]);
                 }

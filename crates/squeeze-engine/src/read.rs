@@ -5,9 +5,7 @@
 use crate::counters::Counter;
 use crate::error::{EngineError, Result};
 use crate::state::Inner;
-use squeeze_format::{
-    CodecId, MapEntry, RecordHeader, RECORD_ALIGN, RECORD_HEADER_SIZE, SECTOR_SIZE,
-};
+use squeeze_format::{CodecId, MapEntry, RecordHeader, RECORD_ALIGN, SECTOR_SIZE};
 
 const SECTOR: u64 = SECTOR_SIZE as u64;
 
@@ -58,7 +56,7 @@ fn decode_extent(inner: &Inner, e: MapEntry, lba: u64, rec: &[u8], out: &mut [u8
         inner.counters.add(Counter::ChecksumErrors, 1);
         EngineError::Corrupt { lba, source }
     };
-    let h = RecordHeader::decode(rec).map_err(corrupt)?;
+    let h = RecordHeader::decode(rec, &inner.uuid).map_err(corrupt)?;
     let expect_lba = lba - u64::from(e.index());
     if h.uuid != inner.uuid
         || !h.kind.has_payload()
@@ -77,7 +75,7 @@ fn decode_extent(inner: &Inner, e: MapEntry, lba: u64, rec: &[u8], out: &mut [u8
             ),
         }));
     }
-    let payload = &rec[RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + h.stored_len as usize];
+    let payload = &rec[h.header_len()..h.header_len() + h.stored_len as usize];
     squeeze_format::record::verify_payload(&h, payload).map_err(corrupt)?;
     let first = e.index() as usize * SECTOR_SIZE;
     if h.codec == CodecId::None {

@@ -252,6 +252,10 @@ pub(crate) struct Inner {
     /// installed); the next checkpoint does.
     pub cleaning: Mutex<Option<SegmentId>>,
     pub counters: Counters,
+    /// Records get short headers where they fit (`squeeze_format::record`):
+    /// set once the superblock says format 4 on disk (at open, or by the
+    /// checkpoint that upgrades an older volume), never cleared.
+    pub short_records: std::sync::atomic::AtomicBool,
     /// Bytes of RAM the sector map may use before chunks page out to the
     /// checkpoint chain (`OpenOptions::map_cache`, `meta::pager`).
     pub map_cache: std::sync::atomic::AtomicU64,

@@ -337,6 +337,7 @@ impl Volume {
         let inner = Arc::new(Inner {
             storage,
             uuid: sb.uuid,
+            short_records: (sb.version >= FORMAT_VERSION).into(),
             logical_size: sb.logical_size.into(),
             seg_size: u64::from(sb.segment_size),
             policy: RwLock::new(ActivePolicy::with_adaptation(

@@ -13,8 +13,9 @@
 //!   its log in the segment after it, whatever that segment held.
 //!
 //! Each test builds the layout byte for byte with 512 KiB segments and
-//! uncompressed 4 KiB records (64 + 4096 bytes each): 126 of them and one
-//! 64-byte zero record fill a segment's 524,224 bytes after its header.
+//! uncompressed 4 KiB records (a short header: 32 + 4096 bytes each): 126
+//! of them and 64 zero records of 64 bytes fill a segment's 524,224 bytes
+//! after its header.
 
 mod common;
 use common::*;
@@ -26,9 +27,11 @@ use std::sync::Arc;
 
 const SEG: u64 = 512 << 10;
 const SECTOR: u64 = 4096;
-/// Uncompressed 4 KiB records that fit a segment after its header, and the
-/// bytes left: one zero record's worth.
+/// Uncompressed 4 KiB records that fit a segment after its header ...
 const RECORDS_PER_SEGMENT: u64 = 126;
+/// ... and the zero records (64 bytes: a full header) that fill the rest.
+const ZERO_RECORDS: u64 = (SEG - 64 - RECORDS_PER_SEGMENT * (32 + SECTOR)) / 64;
+const _: () = assert!(64 + RECORDS_PER_SEGMENT * (32 + SECTOR) + ZERO_RECORDS * 64 == SEG);
 
 fn raw_policy() -> Policy {
     Policy {
@@ -51,10 +54,10 @@ fn background() -> OpenOptions {
     }
 }
 
-fn header_at(s: &dyn Storage, offset: u64) -> Option<RecordHeader> {
+fn header_at(s: &dyn Storage, offset: u64, uuid: [u8; 16]) -> Option<RecordHeader> {
     let mut b = [0u8; 64];
     s.read_at(&mut b, offset).unwrap();
-    RecordHeader::decode(&b).ok()
+    RecordHeader::decode(&b, &uuid).ok()
 }
 
 fn seg_start(seg: u64) -> u64 {
@@ -69,9 +72,11 @@ fn fill_segment(v: &Volume, s: &SimStorage, seg: u64, lba: u64, pattern: &mut u8
         v.write((lba + k) * SECTOR, &sector(*pattern, lba + k), false)
             .unwrap();
     }
-    // The last 64 bytes: a zero record (trim of a sector never written).
-    v.trim(16_000 * SECTOR, SECTOR, false).unwrap();
-    let last = header_at(s, seg_start(seg + 1) - 64).expect("a record ends the segment");
+    // The rest: zero records (trims of sectors never written, apart).
+    for z in 0..ZERO_RECORDS {
+        v.trim((16_000 + 2 * z) * SECTOR, SECTOR, false).unwrap();
+    }
+    let last = header_at(s, seg_start(seg + 1) - 64, v.uuid()).expect("a record ends the segment");
     assert_eq!(
         last.kind,
         RecordKind::Zero,
@@ -107,7 +112,7 @@ fn replay_across_a_full_segment_keeps_the_next_one_and_the_head() {
     let v = create(&s, OpenOptions::default());
     // Segment 0 is the log, segment 1 the first checkpoint.
     assert_eq!(
-        header_at(&*s, seg_start(0)).map(|h| h.kind),
+        header_at(&*s, seg_start(0), v.uuid()).map(|h| h.kind),
         Some(RecordKind::SegmentHeader)
     );
     let mut pattern = 0u8;
@@ -122,7 +127,7 @@ fn replay_across_a_full_segment_keeps_the_next_one_and_the_head() {
         v.write((lba + k) * SECTOR, &d, false).unwrap();
         expect.push((lba + k, d));
     }
-    let h3 = header_at(&*s, seg_start(3)).expect("segment 3 opened");
+    let h3 = header_at(&*s, seg_start(3), v.uuid()).expect("segment 3 opened");
     assert_eq!(h3.kind, RecordKind::SegmentHeader);
     v.flush().unwrap();
     let img = Arc::new(s.kill());

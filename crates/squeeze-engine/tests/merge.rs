@@ -174,7 +174,7 @@ fn find_newest_record(s: &SimStorage, uuid: [u8; 16], lba: u64) -> u64 {
     let mut best: Option<(u64, u64)> = None;
     let mut off = 1 << 20;
     while off + 64 <= len {
-        if let Ok(h) = RecordHeader::decode(&buf[off as usize..off as usize + 64]) {
+        if let Ok(h) = RecordHeader::decode(&buf[off as usize..off as usize + 64], &uuid) {
             if h.uuid == uuid
                 && h.lba == lba
                 && h.kind.has_payload()

@@ -18,7 +18,7 @@ fn find_record(s: &SimStorage, uuid: [u8; 16], lba: u64) -> Option<u64> {
     let mut off = 1 << 20;
     let mut found = None;
     while off + 64 <= len {
-        if let Ok(h) = RecordHeader::decode(&buf[off as usize..off as usize + 64]) {
+        if let Ok(h) = RecordHeader::decode(&buf[off as usize..off as usize + 64], &uuid) {
             if h.uuid == uuid && h.lba == lba && h.kind.has_payload() {
                 found = Some(off); // the newest one wins
             }
@@ -91,7 +91,11 @@ fn a_torn_tail_ends_replay_and_the_volume_goes_on() {
     drop(v);
     let off = find_record(&img, uuid, 1).expect("record");
     // Tear the payload: the header is valid, the payload CRC is not.
-    img.write_at(&[0xffu8; 100], off + 64 + 10).unwrap();
+    let mut hdr = [0u8; 64];
+    img.read_at(&mut hdr, off).unwrap();
+    let h = RecordHeader::decode(&hdr, &uuid).unwrap();
+    img.write_at(&[0xffu8; 8], off + h.header_len() as u64 + 2)
+        .unwrap();
     let v = open(img);
     assert_eq!(read(&v, 0), vec![1u8; 4096]);
     assert_eq!(read(&v, 1), vec![0u8; 4096]);

@@ -23,8 +23,13 @@ pub const SUPERBLOCK_SLOTS: u64 = 2;
 pub const DATA_START: u64 = 1 << 20;
 /// Alignment of log records inside a segment, in bytes.
 pub const RECORD_ALIGN: u64 = 16;
-/// Size of a log record header.
+/// Size of a full log record header (every kind; the only form before
+/// format 4).
 pub const RECORD_HEADER_SIZE: usize = 64;
+/// Size of a short record header (format 4: extents and relocations).
+pub const SHORT_HEADER_SIZE: usize = 32;
+/// Sectors a short header can address (its LBA is 40 bits).
+pub const SHORT_MAX_SECTORS: u64 = 1 << 40;
 /// The most sectors one extent record may hold (128 KiB, BlueStore's default
 /// compression_max_blob_size).
 pub const MAX_BLOB_SECTORS: u32 = 32;
@@ -40,6 +45,7 @@ pub const MAX_BACKING_BYTES: u64 = (1u64 << 40) * RECORD_ALIGN;
 const _: () = assert!(DATA_START >= SUPERBLOCK_SIZE as u64 * SUPERBLOCK_SLOTS);
 const _: () = assert!(DATA_START.is_multiple_of(RECORD_ALIGN));
 const _: () = assert!((RECORD_HEADER_SIZE as u64).is_multiple_of(RECORD_ALIGN));
+const _: () = assert!((SHORT_HEADER_SIZE as u64).is_multiple_of(RECORD_ALIGN));
 const _: () = assert!(SEGMENT_SIZE_MIN >= 2 * MAX_RECORD_BYTES);
 // A map entry stores the record length in 14 bits of 16-byte units.
 const _: () = assert!(MAX_RECORD_BYTES.div_ceil(RECORD_ALIGN) < (1 << 14));
@@ -49,8 +55,9 @@ pub const fn align_record(n: u64) -> u64 {
     n.div_ceil(RECORD_ALIGN) * RECORD_ALIGN
 }
 
-/// Bytes a record with `payload_len` bytes of payload occupies in the log:
-/// its header, the payload and the padding to the next record.
+/// Bytes a record with a full header and `payload_len` bytes of payload
+/// occupies in the log: its header, the payload and the padding to the
+/// next record (the most any record with that payload occupies).
 pub const fn record_bytes(payload_len: u64) -> u64 {
     align_record(RECORD_HEADER_SIZE as u64 + payload_len)
 }

@@ -21,7 +21,7 @@ pub use codec_id::CodecId;
 pub use layout::*;
 pub use map_entry::MapEntry;
 pub use piece_decoder::{PieceDecoder, PieceHead};
-pub use record::{RecordHeader, RecordKind, RecordScan, ScannedRecord, Stride};
+pub use record::{HeaderForm, RecordHeader, RecordKind, RecordScan, ScannedRecord, Stride};
 pub use superblock::{CheckpointRef, CompressionMode, Policy, Superblock, FORMAT_VERSION};
 
 /// A decode failure: bytes from disk never panic, they produce one of these.

@@ -2,6 +2,9 @@
 //! self-describing, so recovery can replay the log after a checkpoint and a
 //! scrub can verify every record without any other metadata.
 //!
+//! A record's header comes in one of two forms. The **full** header (64
+//! bytes, every kind, the only form before format 4):
+//!
 //! ```text
 //! byte  0  magic        u32  "SQZR"
 //!       4  kind         u8   RecordKind
@@ -18,18 +21,92 @@
 //!      60  header_crc   u32  CRC-32C of bytes 0..60
 //! ```
 //!
-//! A record occupies `align_record(64 + stored_len)` bytes. Invariants checked
-//! on decode: magic, header checksum, known kind and codec, flags zero,
-//! sector count within bounds for the kind, and (for extents) a payload that
-//! fits the uncompressed size when the codec is `None`.
+//! The **short** header (32 bytes, format 4: extents and relocations whose
+//! sectors lie below 2^40): the uuid is not stored but seeds the header's
+//! CRC, so a record of another volume fails it.
+//!
+//! ```text
+//! byte  0  magic        [2]  "sz"
+//!       2  fields       u32  bits 0..5 sectors - 1, 5..23 stored_len,
+//!                            23..26 codec, 26 kind (0 Extent, 1 Relocate),
+//!                            27..32 zero
+//!       6  seq          u64
+//!      14  lba          u40
+//!      19  aux / 16     u40  Relocate: the moved record's byte offset / 16; Extent: 0
+//!      24  payload_crc  u32
+//!      28  header_crc   u32  CRC-32C of the volume uuid, then bytes 0..28
+//! ```
+//!
+//! A record occupies `align_record(header + stored_len)` bytes. Invariants
+//! checked on decode: magic, header checksum, known kind and codec,
+//! reserved bits zero, sector count within bounds for the kind, and (for
+//! extents) a payload that fits the uncompressed size when the codec is
+//! `None`.
 
 use crate::layout::{
     align_record, MAX_BLOB_SECTORS, RECORD_ALIGN, RECORD_HEADER_SIZE, SECTOR_SIZE,
+    SHORT_HEADER_SIZE, SHORT_MAX_SECTORS,
 };
 use crate::le::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
 use crate::{checksum, CodecId, FormatError};
 
 pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"SQZR");
+/// The first two bytes of a short header (format 4).
+pub const SHORT_MAGIC: [u8; 2] = *b"sz";
+
+/// Largest field values a short header holds.
+const SHORT_STORED_MAX: u32 = (1 << 18) - 1;
+const SHORT_U40_MAX: u64 = (1 << 40) - 1;
+
+/// How a record's header is laid out (see the module's documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderForm {
+    /// 64 bytes, every kind.
+    Full,
+    /// 32 bytes, extents and relocations (format 4).
+    Short,
+}
+
+impl HeaderForm {
+    /// Bytes of a header in this form.
+    pub const fn header_bytes(self) -> usize {
+        match self {
+            HeaderForm::Full => RECORD_HEADER_SIZE,
+            HeaderForm::Short => SHORT_HEADER_SIZE,
+        }
+    }
+
+    /// Bytes a record with `payload_len` bytes of payload and a header in
+    /// this form occupies in the log.
+    pub const fn record_bytes(self, payload_len: u64) -> u64 {
+        align_record(self.header_bytes() as u64 + payload_len)
+    }
+
+    /// The form a record gets: short where `short_allowed` (the volume is
+    /// in format 4) and its fields fit one, full otherwise.
+    pub fn choose(
+        short_allowed: bool,
+        kind: RecordKind,
+        lba: u64,
+        sectors: u32,
+        stored_len: u32,
+        aux: u64,
+    ) -> HeaderForm {
+        let fits = kind.has_payload()
+            && (1..=32).contains(&sectors)
+            && stored_len <= SHORT_STORED_MAX
+            && lba
+                .checked_add(u64::from(sectors))
+                .is_some_and(|end| end <= SHORT_MAX_SECTORS)
+            && aux.is_multiple_of(RECORD_ALIGN)
+            && aux / RECORD_ALIGN <= SHORT_U40_MAX;
+        if short_allowed && fits {
+            HeaderForm::Short
+        } else {
+            HeaderForm::Full
+        }
+    }
+}
 
 /// What a record means to replay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,12 +156,20 @@ pub struct RecordHeader {
     pub stored_len: u32,
     pub aux: u64,
     pub payload_crc: u32,
+    /// How the header is (to be) laid out; `uuid` is in a short header's
+    /// CRC, not in its bytes.
+    pub form: HeaderForm,
 }
 
 impl RecordHeader {
     /// Bytes the whole record occupies in the segment.
     pub fn record_len(&self) -> u64 {
-        align_record(RECORD_HEADER_SIZE as u64 + u64::from(self.stored_len))
+        self.form.record_bytes(u64::from(self.stored_len))
+    }
+
+    /// Bytes of the header: the payload starts here.
+    pub fn header_len(&self) -> usize {
+        self.form.header_bytes()
     }
 
     /// Uncompressed payload size.
@@ -92,11 +177,14 @@ impl RecordHeader {
         self.sectors as usize * SECTOR_SIZE
     }
 
-    /// Encodes into the first 64 bytes of `out`.
+    /// Encodes into the first `header_len()` bytes of `out`.
     pub fn encode(&self, out: &mut [u8]) {
-        assert!(out.len() >= RECORD_HEADER_SIZE);
+        assert!(out.len() >= self.header_len());
         self.check_bounds()
             .expect("encoding an invalid record header");
+        if self.form == HeaderForm::Short {
+            return self.encode_short(&mut out[..SHORT_HEADER_SIZE]);
+        }
         let b = &mut out[..RECORD_HEADER_SIZE];
         put_u32(b, 0, RECORD_MAGIC);
         b[4] = self.kind as u8;
@@ -113,8 +201,43 @@ impl RecordHeader {
         put_u32(b, 60, crc);
     }
 
-    /// Decodes and validates a header (not the payload, see [`verify_payload`]).
-    pub fn decode(b: &[u8]) -> Result<RecordHeader, FormatError> {
+    fn encode_short(&self, b: &mut [u8]) {
+        assert_eq!(
+            HeaderForm::choose(
+                true,
+                self.kind,
+                self.lba,
+                self.sectors,
+                self.stored_len,
+                self.aux
+            ),
+            HeaderForm::Short,
+            "a record that does not fit a short header"
+        );
+        let kind_bit = u32::from(self.kind == RecordKind::Relocate);
+        let fields = (self.sectors - 1)
+            | (self.stored_len << 5)
+            | (u32::from(self.codec as u8) << 23)
+            | (kind_bit << 26);
+        b[0..2].copy_from_slice(&SHORT_MAGIC);
+        put_u32(b, 2, fields);
+        put_u64(b, 6, self.seq);
+        put_u40(b, 14, self.lba);
+        put_u40(b, 19, self.aux / RECORD_ALIGN);
+        put_u32(b, 24, self.payload_crc);
+        let crc = short_crc(&self.uuid, &b[..28]);
+        put_u32(b, 28, crc);
+    }
+
+    /// Decodes and validates a header (not the payload, see
+    /// [`verify_payload`]) of the volume `uuid`: a short one must carry it
+    /// in its CRC, and gets it; a full one carries its own (the caller
+    /// compares). `b` holds at least the header (32 bytes may be a short
+    /// header's whole record start; a full one needs 64).
+    pub fn decode(b: &[u8], uuid: &[u8; 16]) -> Result<RecordHeader, FormatError> {
+        if b.len() >= 2 && b[..2] == SHORT_MAGIC {
+            return Self::decode_short(b, uuid);
+        }
         if b.len() < RECORD_HEADER_SIZE {
             return Err(FormatError::Truncated {
                 what: "record header",
@@ -150,8 +273,59 @@ impl RecordHeader {
             stored_len: get_u32(b, 44),
             aux: get_u64(b, 48),
             payload_crc: get_u32(b, 56),
+            form: HeaderForm::Full,
         };
         h.check_bounds()?;
+        Ok(h)
+    }
+
+    fn decode_short(b: &[u8], uuid: &[u8; 16]) -> Result<RecordHeader, FormatError> {
+        if b.len() < SHORT_HEADER_SIZE {
+            return Err(FormatError::Truncated {
+                what: "record header",
+                need: SHORT_HEADER_SIZE,
+                have: b.len(),
+            });
+        }
+        let expected = get_u32(b, 28);
+        let got = short_crc(uuid, &b[..28]);
+        if expected != got {
+            return Err(FormatError::ChecksumMismatch {
+                what: "record header",
+                expected,
+                got,
+            });
+        }
+        let fields = get_u32(b, 2);
+        if fields >> 27 != 0 {
+            return Err(FormatError::Invalid {
+                what: "record",
+                why: "reserved bits set in a short header".into(),
+            });
+        }
+        let h = RecordHeader {
+            kind: if fields >> 26 & 1 == 0 {
+                RecordKind::Extent
+            } else {
+                RecordKind::Relocate
+            },
+            codec: CodecId::from_u8((fields >> 23 & 7) as u8)?,
+            seq: get_u64(b, 6),
+            uuid: *uuid,
+            lba: get_u40(b, 14),
+            sectors: (fields & 31) + 1,
+            stored_len: fields >> 5 & SHORT_STORED_MAX,
+            aux: get_u40(b, 19) * RECORD_ALIGN,
+            payload_crc: get_u32(b, 24),
+            form: HeaderForm::Short,
+        };
+        h.check_bounds()?;
+        if h.lba + u64::from(h.sectors) > SHORT_MAX_SECTORS {
+            return Err(FormatError::Invalid {
+                what: "record",
+                why: "short header's sectors pass 2^40".into(),
+            });
+        }
         Ok(h)
     }
 
@@ -195,6 +369,22 @@ impl RecordHeader {
     }
 }
 
+/// A short header's CRC: the volume's uuid, then the header's bytes.
+fn short_crc(uuid: &[u8; 16], bytes: &[u8]) -> u32 {
+    checksum::crc32c_append(checksum::crc32c(uuid), bytes)
+}
+
+fn put_u40(b: &mut [u8], at: usize, v: u64) {
+    debug_assert!(v <= SHORT_U40_MAX);
+    b[at..at + 5].copy_from_slice(&v.to_le_bytes()[..5]);
+}
+
+fn get_u40(b: &[u8], at: usize) -> u64 {
+    let mut v = [0u8; 8];
+    v[..5].copy_from_slice(&b[at..at + 5]);
+    u64::from_le_bytes(v)
+}
+
 /// Checks a payload against the header's checksum.
 pub fn verify_payload(h: &RecordHeader, payload: &[u8]) -> Result<(), FormatError> {
     if payload.len() != h.stored_len as usize {
@@ -235,10 +425,10 @@ pub struct ScannedRecord<'a> {
 }
 
 /// The records in a buffer of log bytes: at each [`RECORD_ALIGN`]ed offset,
-/// a header that decodes (magic, version, header CRC), carries `uuid` and
-/// whose record ends inside the buffer is yielded; other bytes are passed
-/// over at the next aligned offset. The one record walk of the engine's
-/// cleaner and recovery.
+/// a header of either form that decodes (magic, header CRC), is of the
+/// volume `uuid` and whose record ends inside the buffer is yielded; other
+/// bytes are passed over at the next aligned offset. The one record walk of
+/// the engine's cleaner and recovery.
 pub struct RecordScan<'a> {
     buf: &'a [u8],
     uuid: [u8; 16],
@@ -263,16 +453,17 @@ impl<'a> Iterator for RecordScan<'a> {
 
     fn next(&mut self) -> Option<ScannedRecord<'a>> {
         let align = RECORD_ALIGN as usize;
-        while self.off + RECORD_HEADER_SIZE <= self.buf.len() {
+        while self.off + SHORT_HEADER_SIZE <= self.buf.len() {
             let at = self.off;
-            if let Ok(h) = RecordHeader::decode(&self.buf[at..at + RECORD_HEADER_SIZE]) {
+            let end = (at + RECORD_HEADER_SIZE).min(self.buf.len());
+            if let Ok(h) = RecordHeader::decode(&self.buf[at..end], &self.uuid) {
                 let len = h.record_len() as usize;
                 if h.uuid == self.uuid && at + len <= self.buf.len() {
                     self.off += match self.stride {
                         Stride::Record => len,
                         Stride::Probe => align,
                     };
-                    let p = at + RECORD_HEADER_SIZE;
+                    let p = at + h.header_len();
                     return Some(ScannedRecord {
                         offset: at,
                         header: h,
@@ -301,6 +492,7 @@ mod tests {
             stored_len: 1000,
             aux: 0,
             payload_crc: 0xdead_beef,
+            form: HeaderForm::Full,
         }
     }
 
@@ -309,7 +501,7 @@ mod tests {
         let h = sample();
         let mut b = [0u8; 64];
         h.encode(&mut b);
-        assert_eq!(RecordHeader::decode(&b).unwrap(), h);
+        assert_eq!(RecordHeader::decode(&b, &[9; 16]).unwrap(), h);
         assert_eq!(h.record_len(), align_record(1064));
     }
 
@@ -320,7 +512,7 @@ mod tests {
         for bit in 0..64 * 8 {
             let mut c = b;
             c[bit / 8] ^= 1 << (bit % 8);
-            assert!(RecordHeader::decode(&c).is_err(), "bit {bit}");
+            assert!(RecordHeader::decode(&c, &[9; 16]).is_err(), "bit {bit}");
         }
     }
 
@@ -335,14 +527,14 @@ mod tests {
         let crc = checksum::crc32c(&b[..60]);
         put_u32(&mut b, 60, crc);
         assert!(matches!(
-            RecordHeader::decode(&b),
+            RecordHeader::decode(&b, &[9; 16]),
             Err(FormatError::Invalid { .. })
         ));
         b[5] = 99;
         let crc = checksum::crc32c(&b[..60]);
         put_u32(&mut b, 60, crc);
         assert!(matches!(
-            RecordHeader::decode(&b),
+            RecordHeader::decode(&b, &[9; 16]),
             Err(FormatError::UnknownCodec(99))
         ));
     }
@@ -375,6 +567,7 @@ mod tests {
                 stored_len: payload.len() as u32,
                 aux: 0,
                 payload_crc: crate::checksum::crc32c(payload),
+                form: HeaderForm::Full,
             };
             let mut b = vec![0u8; crate::layout::record_bytes(payload.len() as u64) as usize];
             h.encode(&mut b[..RECORD_HEADER_SIZE]);
@@ -400,5 +593,134 @@ mod tests {
             RecordScan::new(&buf[..second + 70], uuid, Stride::Probe).count(),
             1
         );
+    }
+
+    fn short_sample() -> RecordHeader {
+        RecordHeader {
+            kind: RecordKind::Relocate,
+            codec: CodecId::Lz4,
+            seq: 0x0123_4567_89ab_cdef,
+            uuid: [9; 16],
+            lba: (1 << 40) - 32,
+            sectors: 32,
+            stored_len: 131072,
+            aux: 0xff_ffff_fff0,
+            payload_crc: 0xdead_beef,
+            form: HeaderForm::Short,
+        }
+    }
+
+    #[test]
+    fn short_round_trip_at_the_limits_of_its_fields() {
+        for kind in [RecordKind::Extent, RecordKind::Relocate] {
+            let mut h = short_sample();
+            h.kind = kind;
+            h.codec = if kind == RecordKind::Extent {
+                CodecId::None
+            } else {
+                CodecId::Deflate
+            };
+            if kind == RecordKind::Extent {
+                h.aux = 0;
+            }
+            let mut b = [0u8; 32];
+            h.encode(&mut b);
+            assert_eq!(b[..2], SHORT_MAGIC);
+            assert_eq!(RecordHeader::decode(&b, &[9; 16]).unwrap(), h);
+            assert_eq!(h.header_len(), 32);
+            assert_eq!(h.record_len(), align_record(32 + 131072));
+        }
+        let mut h = short_sample();
+        (h.lba, h.sectors, h.stored_len, h.aux) = (0, 1, 1, 0);
+        let mut b = [0u8; 32];
+        h.encode(&mut b);
+        assert_eq!(RecordHeader::decode(&b, &[9; 16]).unwrap(), h);
+        assert_eq!(h.record_len(), 48);
+    }
+
+    #[test]
+    fn short_headers_detect_every_flipped_bit_and_another_volume() {
+        let mut b = [0u8; 32];
+        short_sample().encode(&mut b);
+        for bit in 0..32 * 8 {
+            let mut c = b;
+            c[bit / 8] ^= 1 << (bit % 8);
+            assert!(RecordHeader::decode(&c, &[9; 16]).is_err(), "bit {bit}");
+        }
+        // The uuid is in the CRC: another volume's record does not decode.
+        let mut other = [9u8; 16];
+        other[15] = 8;
+        assert!(matches!(
+            RecordHeader::decode(&b, &other),
+            Err(FormatError::ChecksumMismatch { .. })
+        ));
+        // Reserved bits, with a valid CRC, are refused.
+        let mut c = b;
+        c[5] |= 0x80;
+        let crc = short_crc(&[9; 16], &c[..28]);
+        put_u32(&mut c, 28, crc);
+        assert!(matches!(
+            RecordHeader::decode(&c, &[9; 16]),
+            Err(FormatError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn the_short_form_only_where_its_fields_fit() {
+        use HeaderForm::{Full, Short};
+        let ok = |allowed, kind, lba, sectors, stored, aux| {
+            HeaderForm::choose(allowed, kind, lba, sectors, stored, aux)
+        };
+        assert_eq!(ok(true, RecordKind::Extent, 0, 1, 100, 0), Short);
+        assert_eq!(ok(false, RecordKind::Extent, 0, 1, 100, 0), Full);
+        assert_eq!(
+            ok(true, RecordKind::Relocate, 7, 32, 131072, 1 << 20),
+            Short
+        );
+        // Kinds without a payload, and fields past the short form's bits.
+        assert_eq!(ok(true, RecordKind::Zero, 0, 1, 0, 0), Full);
+        assert_eq!(ok(true, RecordKind::SegmentHeader, 0, 0, 0, 3), Full);
+        assert_eq!(ok(true, RecordKind::Extent, (1 << 40) - 1, 2, 100, 0), Full);
+        assert_eq!(ok(true, RecordKind::Extent, u64::MAX, 1, 100, 0), Full);
+        assert_eq!(ok(true, RecordKind::Relocate, 0, 1, 100, 1 << 44), Full);
+        assert_eq!(ok(true, RecordKind::Relocate, 0, 1, 100, 8), Full);
+        assert_eq!(ok(true, RecordKind::Extent, 0, 1, 1 << 18, 0), Full);
+    }
+
+    #[test]
+    fn record_scan_reads_both_forms_side_by_side() {
+        let uuid = [7u8; 16];
+        let rec = |lba: u64, form: HeaderForm, payload: &[u8]| {
+            let h = RecordHeader {
+                kind: RecordKind::Extent,
+                codec: CodecId::Zstd,
+                seq: lba + 100,
+                uuid,
+                lba,
+                sectors: 1,
+                stored_len: payload.len() as u32,
+                aux: 0,
+                payload_crc: crate::checksum::crc32c(payload),
+                form,
+            };
+            let mut b = vec![0u8; h.record_len() as usize];
+            h.encode(&mut b);
+            b[h.header_len()..h.header_len() + payload.len()].copy_from_slice(payload);
+            b
+        };
+        let mut buf = rec(1, HeaderForm::Short, &[1u8; 5]);
+        buf.extend(rec(2, HeaderForm::Full, &[2u8; 40]));
+        buf.extend(rec(3, HeaderForm::Short, &[3u8; 16]));
+        let walk: Vec<_> = RecordScan::new(&buf, uuid, Stride::Record).collect();
+        let got: Vec<_> = walk
+            .iter()
+            .map(|r| (r.offset, r.header.lba, r.payload.len()))
+            .collect();
+        assert_eq!(got, vec![(0, 1, 5), (48, 2, 40), (160, 3, 16)]);
+        assert_eq!(RecordScan::new(&buf, uuid, Stride::Probe).count(), 3);
+        // A short record is another volume's when its uuid differs.
+        assert_eq!(RecordScan::new(&buf, [8u8; 16], Stride::Record).count(), 0);
+        // The last 48 bytes alone: a short record whole at the end.
+        assert_eq!(RecordScan::new(&buf[160..], uuid, Stride::Probe).count(), 1);
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! byte  0  magic             [8]  "SQUEEZE\0"
-//!       8  version           u32  1, 2 or 3 (see `version`)
+//!       8  version           u32  1 to 4 (see `FORMAT_VERSION`)
 //!      12  flags             u32  bit 0: clean (closed with a final checkpoint)
 //!      16  uuid              [16]
 //!      32  generation        u64  bumped on every superblock write
@@ -40,12 +40,18 @@ use crate::le::{get_i32, get_u32, get_u64, put_i32, put_u32, put_u64};
 use crate::{checksum, CodecId, FormatError};
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"SQUEEZE\0";
-/// The format version this build writes. It also reads versions 1 and 2,
-/// which differ only in the checkpoint: version 1 is one dense stream
-/// instead of a chain of pieces, version 2's pieces carry no segment notes
-/// (`checkpoint.rs`); the first checkpoint written on such a volume is a
-/// base in this version, which upgrades it.
-pub const FORMAT_VERSION: u32 = 3;
+/// The format version this build writes. It also reads versions 1 to 3:
+/// version 1's checkpoint is one dense stream instead of a chain of
+/// pieces, version 2's pieces carry no segment notes (`checkpoint.rs`);
+/// the first checkpoint written on such a volume is a base in this
+/// version, which upgrades it. Version 3 differs from 4 only in its log:
+/// every record has a full header, where version 4 writes short ones
+/// (`record.rs`) once its superblock says 4; the first checkpoint (a
+/// delta) upgrades it.
+pub const FORMAT_VERSION: u32 = 4;
+/// The oldest version whose checkpoint chain this build extends with a
+/// delta (older chains restart with a base).
+pub const CHAIN_VERSION: u32 = 3;
 /// The oldest format version this build opens.
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 /// Most segments one checkpoint may span.
@@ -157,8 +163,9 @@ pub struct CheckpointRef {
 /// A decoded superblock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
-    /// The format the checkpoint it names is in (`FORMAT_VERSION` for
-    /// everything this build writes; 1 or 2 for a volume not yet upgraded).
+    /// The format the volume is in (`FORMAT_VERSION` for everything this
+    /// build writes; 1 to 3 for a volume not yet upgraded: its checkpoint is
+    /// in that format, and its log has full record headers only).
     pub version: u32,
     pub uuid: [u8; 16],
     pub generation: u64,
@@ -388,7 +395,7 @@ mod tests {
             Err(FormatError::ChecksumMismatch { .. })
         ));
         let mut b = sample().encode();
-        for v in [0, 4, 99] {
+        for v in [0, 5, 99] {
             put_u32(&mut b, 8, v);
             let crc = checksum::crc32c(&b[..SUPERBLOCK_SIZE - 4]);
             put_u32(&mut b, SUPERBLOCK_SIZE - 4, crc);

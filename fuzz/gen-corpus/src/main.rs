@@ -13,8 +13,7 @@ use squeeze_format::checksum::crc32c;
 use squeeze_format::checkpoint_v1::{CheckpointHeader, CheckpointWriter};
 use squeeze_format::{
     CheckpointRef, CompressionMode, MapEntry, MapRun, PieceHeader, PieceKind, PieceWriter, Policy,
-    RecordHeader, RecordKind, SegmentNote, Superblock, CHUNK_ENTRIES, FORMAT_VERSION,
-    RECORD_HEADER_SIZE,
+    HeaderForm, RecordHeader, RecordKind, SegmentNote, Superblock, CHUNK_ENTRIES, FORMAT_VERSION,
 };
 use squeeze_nbd::proto::*;
 
@@ -68,6 +67,16 @@ fn superblock(clean: bool, segments: Vec<u32>) -> Superblock {
 }
 
 fn record(kind: RecordKind, codec: CodecId, sectors: u32, payload: &[u8]) -> Vec<u8> {
+    record_in(HeaderForm::Full, kind, codec, sectors, payload)
+}
+
+fn record_in(
+    form: HeaderForm,
+    kind: RecordKind,
+    codec: CodecId,
+    sectors: u32,
+    payload: &[u8],
+) -> Vec<u8> {
     let h = RecordHeader {
         kind,
         codec,
@@ -76,18 +85,19 @@ fn record(kind: RecordKind, codec: CodecId, sectors: u32, payload: &[u8]) -> Vec
         lba: 1000,
         sectors,
         stored_len: payload.len() as u32,
-        aux: if kind == RecordKind::Relocate {
-            1 << 20
-        } else {
-            3
+        aux: match (kind, form) {
+            (RecordKind::Relocate, _) => 1 << 20,
+            (_, HeaderForm::Short) => 0,
+            _ => 3,
         },
         payload_crc: if payload.is_empty() {
             0
         } else {
             crc32c(payload)
         },
+        form,
     };
-    let mut b = vec![0u8; RECORD_HEADER_SIZE];
+    let mut b = vec![0u8; h.header_len()];
     h.encode(&mut b);
     b.extend_from_slice(payload);
     b
@@ -178,6 +188,22 @@ fn format_decoders(dir: &Path) {
         &with_mode(
             1,
             &record(RecordKind::Extent, CodecId::None, 1, &random(4096, 2)),
+        ),
+    );
+    put(
+        dir,
+        "record-short-extent",
+        &with_mode(
+            0,
+            &record_in(HeaderForm::Short, RecordKind::Extent, CodecId::Lz4, 2, &comp),
+        ),
+    );
+    put(
+        dir,
+        "record-short-relocate",
+        &with_mode(
+            1,
+            &record_in(HeaderForm::Short, RecordKind::Relocate, CodecId::Lz4, 2, &comp),
         ),
     );
     put(

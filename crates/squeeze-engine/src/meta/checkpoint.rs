@@ -39,6 +39,7 @@ use crate::space::{SegState, SegmentId};
 use crate::state::{Inner, LogState, MapState};
 use squeeze_format::checkpoint::SegmentNote;
 use squeeze_format::checkpoint::{piece_len, runs_offset};
+use squeeze_format::superblock::CHAIN_VERSION;
 use squeeze_format::{CheckpointRef, MapRun, PieceHeader, PieceKind, PieceStream, FORMAT_VERSION};
 
 /// A new base once the chain's deltas reach this many times its base ...
@@ -97,7 +98,7 @@ fn wants_base(inner: &Inner) -> bool {
     };
     let h = inner.ckpt_history.lock();
     h.need_base
-        || version < FORMAT_VERSION
+        || version < CHAIN_VERSION
         || len == 0
         || h.delta_bytes >= (h.rebase_factor * h.base_bytes).max(h.rebase_min_bytes)
         // The map numbers a chain's pieces in 16 bits.
@@ -232,6 +233,11 @@ fn write_piece(inner: &Inner, clean: bool, force_base: bool) -> Result<()> {
         sbio::write(&*inner.storage, &mut sb).map_err(fail)?;
         debug_assert_eq!(sb.generation, generation);
     }
+    // The superblock says this build's format, durably: records may have
+    // short headers from now on.
+    inner
+        .short_records
+        .store(true, std::sync::atomic::Ordering::Release);
     // The map's chunks are in the chain now: those that did not change
     // since may page out.
     {

@@ -29,7 +29,7 @@ use crate::state::{head_segment_of, max_segments, segment_of, Inner, LogState, M
 use crate::storage::Storage;
 use squeeze_format::{
     record::verify_payload, RecordHeader, RecordKind, RecordScan, Stride, Superblock, DATA_START,
-    RECORD_HEADER_SIZE,
+    RECORD_HEADER_SIZE, SHORT_HEADER_SIZE,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -99,7 +99,7 @@ pub fn recover(
     let mut hdr = [0u8; RECORD_HEADER_SIZE];
     for s in 0..n_segs {
         storage.read_at(&mut hdr, sb.segment_offset(s))?;
-        if let Ok(h) = RecordHeader::decode(&hdr) {
+        if let Ok(h) = RecordHeader::decode(&hdr, &sb.uuid) {
             if h.kind == RecordKind::SegmentHeader && h.uuid == sb.uuid && h.aux == u64::from(s) {
                 by_seq.insert(h.seq, s);
                 opened.insert(s, h.seq);
@@ -244,12 +244,15 @@ fn read_record(
 ) -> Option<RecordHeader> {
     let seg_start = sb.segment_offset(seg);
     let seg_end = seg_start + u64::from(sb.segment_size);
-    if pos < seg_start || pos + RECORD_HEADER_SIZE as u64 > seg_end {
+    if pos < seg_start || pos + SHORT_HEADER_SIZE as u64 > seg_end {
         return None;
     }
+    // A full header's bytes, or as many as the segment has left (a short
+    // record may end there).
     let mut hdr = [0u8; RECORD_HEADER_SIZE];
-    storage.read_at(&mut hdr, pos).ok()?;
-    let h = RecordHeader::decode(&hdr).ok()?;
+    let n = (seg_end - pos).min(RECORD_HEADER_SIZE as u64) as usize;
+    storage.read_at(&mut hdr[..n], pos).ok()?;
+    let h = RecordHeader::decode(&hdr[..n], &sb.uuid).ok()?;
     if h.uuid != sb.uuid || h.seq != expected || pos + h.record_len() > seg_end {
         return None;
     }
@@ -258,7 +261,7 @@ fn read_record(
     }
     if h.stored_len > 0 {
         buf.resize(h.stored_len as usize, 0);
-        storage.read_at(buf, pos + RECORD_HEADER_SIZE as u64).ok()?;
+        storage.read_at(buf, pos + h.header_len() as u64).ok()?;
         verify_payload(&h, buf).ok()?;
     }
     if matches!(
@@ -292,7 +295,7 @@ fn scan_forward(
     let overlap = squeeze_format::MAX_RECORD_BYTES.div_ceil(16) * 16;
     let mut start = from;
     let mut buf = Vec::new();
-    while start + RECORD_HEADER_SIZE as u64 <= seg_end {
+    while start + SHORT_HEADER_SIZE as u64 <= seg_end {
         let end = (start + WINDOW + overlap).min(seg_end);
         buf.resize((end - start) as usize, 0);
         storage.read_at(&mut buf, start)?;

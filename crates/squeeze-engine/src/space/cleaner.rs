@@ -548,7 +548,7 @@ fn flush_items(
     }
     rep.bytes_written += items
         .iter()
-        .map(|it| squeeze_format::record_bytes(it.payload(&[]).1.len() as u64))
+        .map(|it| inner.record_len(it, &[]))
         .sum::<u64>();
     // The upgrade makes room as client data does: it never eats the
     // cleaner's reserve (it stops on NoSpace; the cleaner frees room).
