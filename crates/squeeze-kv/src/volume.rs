@@ -2,6 +2,9 @@
 //! bench`, squeeze-ycsb): thin, the default policy, the maintenance thread
 //! running, and sized for memory rather than for bursts.
 //!
+//! The adaptive codec follows the machine's CPU, as `squeeze serve`'s
+//! volumes do (lz4 while the cores are busy, zstd:3 by the idle upgrade).
+//!
 //! A store writes one 4 KiB bucket at a time, so the backing file's
 //! write-behind pool needs a few chunks, not the 32 MiB a server keeps to
 //! let NBD bursts run ahead of the device; and the cleaner reads a whole
@@ -38,7 +41,17 @@ pub fn create_volume(path: &Path, buckets: u64) -> Result<Arc<Volume>> {
         &o,
         OpenOptions {
             background: true,
+            adapt_cpu: cpu_source(),
             ..Default::default()
         },
     )?))
+}
+
+/// The machine's busy share, for the adaptive codec's CPU law (lz4 while
+/// the store's own threads keep the cores busy, the target again, and the
+/// idle upgrade of what went below it, once they are not); none where
+/// /proc/stat cannot be read.
+fn cpu_source() -> Option<Arc<dyn squeeze_engine::pipeline::headroom::BusySource>> {
+    let s = squeeze_engine::pipeline::headroom::ProcStat::open().ok()?;
+    Some(Arc::new(s))
 }
