@@ -505,15 +505,22 @@ mod tests {
         assert_eq!(h.record_len(), align_record(1064));
     }
 
-    #[test]
-    fn every_flipped_bit_is_detected() {
-        let mut b = [0u8; 64];
-        sample().encode(&mut b);
-        for bit in 0..64 * 8 {
-            let mut c = b;
+    /// Encodes `h` (uuid [9; 16]) and checks that each of its bits, flipped,
+    /// makes the header fail to decode; returns the encoded bytes.
+    fn every_flipped_bit_fails(h: &RecordHeader) -> Vec<u8> {
+        let mut b = vec![0u8; h.header_len()];
+        h.encode(&mut b);
+        for bit in 0..b.len() * 8 {
+            let mut c = b.clone();
             c[bit / 8] ^= 1 << (bit % 8);
             assert!(RecordHeader::decode(&c, &[9; 16]).is_err(), "bit {bit}");
         }
+        b
+    }
+
+    #[test]
+    fn every_flipped_bit_is_detected() {
+        every_flipped_bit_fails(&sample());
     }
 
     #[test]
@@ -640,13 +647,7 @@ mod tests {
 
     #[test]
     fn short_headers_detect_every_flipped_bit_and_another_volume() {
-        let mut b = [0u8; 32];
-        short_sample().encode(&mut b);
-        for bit in 0..32 * 8 {
-            let mut c = b;
-            c[bit / 8] ^= 1 << (bit % 8);
-            assert!(RecordHeader::decode(&c, &[9; 16]).is_err(), "bit {bit}");
-        }
+        let b = every_flipped_bit_fails(&short_sample());
         // The uuid is in the CRC: another volume's record does not decode.
         let mut other = [9u8; 16];
         other[15] = 8;
@@ -655,7 +656,7 @@ mod tests {
             Err(FormatError::ChecksumMismatch { .. })
         ));
         // Reserved bits, with a valid CRC, are refused.
-        let mut c = b;
+        let mut c = b.clone();
         c[5] |= 0x80;
         let crc = short_crc(&[9; 16], &c[..28]);
         put_u32(&mut c, 28, crc);
