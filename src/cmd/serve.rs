@@ -303,8 +303,8 @@ fn saturated_engine() -> Arc<dyn squeeze_codec::CompressEngine> {
 /// (a reading covers the time since that volume's previous one); None,
 /// said once, where /proc/stat cannot be read.
 fn cpu_source() -> Option<Arc<dyn squeeze_engine::pipeline::headroom::BusySource>> {
-    match squeeze_engine::pipeline::headroom::ProcStat::open() {
-        Ok(s) => Some(Arc::new(s)),
+    match squeeze_engine::pipeline::headroom::ProcStat::source() {
+        Ok(s) => Some(s),
         Err(e) => {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {

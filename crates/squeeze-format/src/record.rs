@@ -93,7 +93,7 @@ impl HeaderForm {
         aux: u64,
     ) -> HeaderForm {
         let fits = kind.has_payload()
-            && (1..=32).contains(&sectors)
+            && (1..=MAX_BLOB_SECTORS).contains(&sectors)
             && stored_len <= SHORT_STORED_MAX
             && lba
                 .checked_add(u64::from(sectors))
@@ -320,13 +320,18 @@ impl RecordHeader {
             form: HeaderForm::Short,
         };
         h.check_bounds()?;
-        if h.lba + u64::from(h.sectors) > SHORT_MAX_SECTORS {
-            return Err(FormatError::Invalid {
-                what: "record",
-                why: "short header's sectors pass 2^40".into(),
-            });
-        }
-        Ok(h)
+        // What `HeaderForm::choose` never writes in the short form.
+        let why = if h.lba + u64::from(h.sectors) > SHORT_MAX_SECTORS {
+            "short header's sectors pass 2^40"
+        } else if h.kind == RecordKind::Extent && h.aux != 0 {
+            "short extent header with an aux field"
+        } else {
+            return Ok(h);
+        };
+        Err(FormatError::Invalid {
+            what: "record",
+            why: why.into(),
+        })
     }
 
     fn check_bounds(&self) -> Result<(), FormatError> {
@@ -560,27 +565,31 @@ mod tests {
         ));
     }
 
+    /// The bytes of a one-sector extent record of volume `uuid` carrying
+    /// `payload`, its header in `form`, padded to the next record.
+    fn extent(uuid: [u8; 16], lba: u64, seq: u64, form: HeaderForm, payload: &[u8]) -> Vec<u8> {
+        let h = RecordHeader {
+            kind: RecordKind::Extent,
+            codec: CodecId::Lz4,
+            seq,
+            uuid,
+            lba,
+            sectors: 1,
+            stored_len: payload.len() as u32,
+            aux: 0,
+            payload_crc: crate::checksum::crc32c(payload),
+            form,
+        };
+        let mut b = vec![0u8; h.record_len() as usize];
+        h.encode(&mut b);
+        b[h.header_len()..h.header_len() + payload.len()].copy_from_slice(payload);
+        b
+    }
+
     #[test]
     fn record_scan_walks_records_and_passes_over_other_bytes() {
         let uuid = [7u8; 16];
-        let rec = |lba: u64, seq: u64, payload: &[u8]| {
-            let h = RecordHeader {
-                kind: RecordKind::Extent,
-                codec: CodecId::Lz4,
-                seq,
-                uuid,
-                lba,
-                sectors: 1,
-                stored_len: payload.len() as u32,
-                aux: 0,
-                payload_crc: crate::checksum::crc32c(payload),
-                form: HeaderForm::Full,
-            };
-            let mut b = vec![0u8; crate::layout::record_bytes(payload.len() as u64) as usize];
-            h.encode(&mut b[..RECORD_HEADER_SIZE]);
-            b[RECORD_HEADER_SIZE..RECORD_HEADER_SIZE + payload.len()].copy_from_slice(payload);
-            b
-        };
+        let rec = |lba, seq, payload: &[u8]| extent(uuid, lba, seq, HeaderForm::Full, payload);
         let mut buf = rec(1, 10, &[1u8; 40]);
         buf.extend_from_slice(&[0xa5u8; 48]); // garbage, three aligned slots
         let second = buf.len();
@@ -655,6 +664,18 @@ mod tests {
             RecordHeader::decode(&b, &other),
             Err(FormatError::ChecksumMismatch { .. })
         ));
+        // A short extent never carries aux: refused, with a valid CRC.
+        let mut ext = short_sample();
+        (ext.kind, ext.aux) = (RecordKind::Extent, 0);
+        let mut e = vec![0u8; 32];
+        ext.encode(&mut e);
+        e[19] = 1;
+        let crc = short_crc(&[9; 16], &e[..28]);
+        put_u32(&mut e, 28, crc);
+        assert!(matches!(
+            RecordHeader::decode(&e, &[9; 16]),
+            Err(FormatError::Invalid { .. })
+        ));
         // Reserved bits, with a valid CRC, are refused.
         let mut c = b.clone();
         c[5] |= 0x80;
@@ -691,24 +712,7 @@ mod tests {
     #[test]
     fn record_scan_reads_both_forms_side_by_side() {
         let uuid = [7u8; 16];
-        let rec = |lba: u64, form: HeaderForm, payload: &[u8]| {
-            let h = RecordHeader {
-                kind: RecordKind::Extent,
-                codec: CodecId::Zstd,
-                seq: lba + 100,
-                uuid,
-                lba,
-                sectors: 1,
-                stored_len: payload.len() as u32,
-                aux: 0,
-                payload_crc: crate::checksum::crc32c(payload),
-                form,
-            };
-            let mut b = vec![0u8; h.record_len() as usize];
-            h.encode(&mut b);
-            b[h.header_len()..h.header_len() + payload.len()].copy_from_slice(payload);
-            b
-        };
+        let rec = |lba, form, payload: &[u8]| extent(uuid, lba, lba + 100, form, payload);
         let mut buf = rec(1, HeaderForm::Short, &[1u8; 5]);
         buf.extend(rec(2, HeaderForm::Full, &[2u8; 40]));
         buf.extend(rec(3, HeaderForm::Short, &[3u8; 16]));

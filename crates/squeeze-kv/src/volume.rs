@@ -41,17 +41,11 @@ pub fn create_volume(path: &Path, buckets: u64) -> Result<Arc<Volume>> {
         &o,
         OpenOptions {
             background: true,
-            adapt_cpu: cpu_source(),
+            // The machine's CPU: lz4 while the store's threads keep the
+            // cores busy, the target (and the idle upgrade) once they do
+            // not; none where /proc/stat cannot be read.
+            adapt_cpu: squeeze_engine::pipeline::headroom::ProcStat::source().ok(),
             ..Default::default()
         },
     )?))
-}
-
-/// The machine's busy share, for the adaptive codec's CPU law (lz4 while
-/// the store's own threads keep the cores busy, the target again, and the
-/// idle upgrade of what went below it, once they are not); none where
-/// /proc/stat cannot be read.
-fn cpu_source() -> Option<Arc<dyn squeeze_engine::pipeline::headroom::BusySource>> {
-    let s = squeeze_engine::pipeline::headroom::ProcStat::open().ok()?;
-    Some(Arc::new(s))
 }

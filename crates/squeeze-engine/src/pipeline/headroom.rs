@@ -77,6 +77,13 @@ impl ProcStat {
         ProcStat::at("/proc/stat".into(), MIN_INTERVAL)
     }
 
+    /// [`ProcStat::open`] as a volume's CPU source
+    /// (`OpenOptions::adapt_cpu`): one per volume, since a reading covers
+    /// the time since that source's previous one.
+    pub fn source() -> std::io::Result<std::sync::Arc<dyn BusySource>> {
+        Ok(std::sync::Arc::new(ProcStat::open()?))
+    }
+
     /// A source on a file in /proc/stat's format (tests).
     pub fn at(path: PathBuf, min_interval: Duration) -> std::io::Result<ProcStat> {
         let first = read_first_line(&path)?;
