@@ -94,9 +94,23 @@ fn check_against_codecs(path: &Path, data: &[u8], kind: &str) -> Value {
         let blob = row["blob_size"].as_u64().unwrap();
         assert!(BLOBS.contains(&blob));
         algs.push(label.to_string());
-        let stored = stored_directly(alg, isal, data, blob as usize);
+        let direct = stored_directly(alg, isal, data, blob as usize);
         assert_eq!(row["raw_bytes"], data.len() as u64, "{alg} {blob}");
-        assert_eq!(row["stored_bytes"], stored, "{kind}: {alg} at {blob}");
+        let stored = row["stored_bytes"].as_u64().unwrap();
+        if isal {
+            // ISA-L's output is not the same from one process to the next:
+            // a blob in a few thousand comes out a byte or two longer or
+            // shorter (it follows the address-space layout: with ASLR off,
+            // 80 runs of scan out of 80 agreed; with it on, 3 of 100
+            // differed; intel/isa-l#140 leaves determinism open). Every
+            // other library must match to the byte.
+            assert!(
+                stored.abs_diff(direct) <= 8 * (data.len() as u64 >> 20).max(1),
+                "{kind}: {label} at {blob}: {stored} vs {direct} run directly"
+            );
+        } else {
+            assert_eq!(stored, direct, "{kind}: {alg} at {blob}");
+        }
         let want = data.len() as f64 / stored as f64;
         let got = row["ratio"].as_f64().unwrap();
         assert!(
