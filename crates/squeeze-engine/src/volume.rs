@@ -126,6 +126,13 @@ pub struct OpenOptions {
     /// under `pipeline::adapt::HEADROOM_LAW`. None: the engine's backlog
     /// alone decides, as for an embedded volume by default.
     pub adapt_cpu: Option<Arc<dyn crate::pipeline::headroom::BusySource>>,
+    /// Deferred compression (`pipeline::adapt::AdaptConfig::defer`): client
+    /// writes always take the ladder's fastest rung (lz4 under a zstd
+    /// target), counted below target; the maintenance thread's idle upgrade
+    /// and [`Volume::compact`] rewrite them with the target. For a store
+    /// whose clients run in its own process (squeeze-kv's own volume);
+    /// ignored with `no_adapt`.
+    pub adapt_defer: bool,
     /// When the cleaner works; None: the default garbage budget
     /// (`space::cleaner::GcPolicy`).
     pub gc: Option<crate::space::cleaner::GcPolicy>,
@@ -347,6 +354,7 @@ impl Volume {
                         .adapt_law
                         .unwrap_or(crate::pipeline::adapt::LAW_DEFAULT),
                     cpu: open.adapt_cpu.clone(),
+                    defer: open.adapt_defer,
                 }),
             )),
             sb: Mutex::new(sb),

@@ -2,8 +2,10 @@
 //! bench`, squeeze-ycsb): thin, the default policy, the maintenance thread
 //! running, and sized for memory rather than for bursts.
 //!
-//! The adaptive codec follows the machine's CPU, as `squeeze serve`'s
-//! volumes do (lz4 while the cores are busy, zstd:3 by the idle upgrade).
+//! Compression is deferred (`OpenOptions::adapt_defer`): the store's
+//! operations wait on their own bucket writes, so buckets go out as lz4
+//! and the idle upgrade (or `compact`) rewrites them with the target,
+//! zstd:3, once the store's clients pause.
 //!
 //! A store writes one 4 KiB bucket at a time, so the backing file's
 //! write-behind pool needs a few chunks, not the 32 MiB a server keeps to
@@ -41,10 +43,8 @@ pub fn create_volume(path: &Path, buckets: u64) -> Result<Arc<Volume>> {
         &o,
         OpenOptions {
             background: true,
-            // The machine's CPU: lz4 while the store's threads keep the
-            // cores busy, the target (and the idle upgrade) once they do
-            // not; none where /proc/stat cannot be read.
-            adapt_cpu: squeeze_engine::pipeline::headroom::ProcStat::source().ok(),
+            // Buckets as lz4 now, zstd:3 when the clients pause.
+            adapt_defer: true,
             ..Default::default()
         },
     )?))

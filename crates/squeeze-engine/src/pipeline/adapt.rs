@@ -295,12 +295,22 @@ impl LawState {
 pub struct AdaptConfig {
     pub law: Law,
     pub cpu: Option<Arc<dyn BusySource>>,
+    /// Deferred compression: every client batch takes the ladder's fastest
+    /// rung, and the idle upgrade and `compact` bring it to the target
+    /// (the laws are not consulted). For a store embedded in its clients'
+    /// process (squeeze-kv), whose every operation waits on its own
+    /// compression while the cores stay below the CPU law's threshold.
+    pub defer: bool,
 }
 
 impl AdaptConfig {
     /// The backlog's law alone.
     pub fn backlog(law: Law) -> AdaptConfig {
-        AdaptConfig { law, cpu: None }
+        AdaptConfig {
+            law,
+            cpu: None,
+            defer: false,
+        }
     }
 }
 
@@ -309,6 +319,7 @@ impl std::fmt::Debug for AdaptConfig {
         f.debug_struct("AdaptConfig")
             .field("law", &self.law)
             .field("cpu", &self.cpu.is_some())
+            .field("defer", &self.defer)
             .finish()
     }
 }
@@ -324,6 +335,8 @@ pub enum Why {
     Cpu,
     /// A trial found the client writing faster with the faster codec.
     Trial,
+    /// Compression is deferred to the idle upgrade (`AdaptConfig::defer`).
+    Deferred,
 }
 
 impl Why {
@@ -333,6 +346,7 @@ impl Why {
             Why::Backlog => "backlog",
             Why::Cpu => "cpu",
             Why::Trial => "trial",
+            Why::Deferred => "deferred",
         }
     }
 }
@@ -409,6 +423,7 @@ impl AdaptiveCodec {
             x if x == Why::Backlog as u8 => Why::Backlog,
             x if x == Why::Cpu as u8 => Why::Cpu,
             x if x == Why::Trial as u8 => Why::Trial,
+            x if x == Why::Deferred as u8 => Why::Deferred,
             _ => Why::Target,
         }
     }
@@ -424,6 +439,12 @@ impl AdaptiveCodec {
     /// `written` client bytes written so far (the trials' measure). One
     /// writer samples at a time; the others take the rung it chose.
     pub fn choose(&self, engine: &dyn CompressEngine, written: u64) -> Algorithm {
+        if self.config.defer && self.rungs.len() > 1 {
+            let last = self.rungs.len() - 1;
+            self.rung.store(last, Ordering::Relaxed);
+            self.why.store(Why::Deferred as u8, Ordering::Relaxed);
+            return self.rungs[last];
+        }
         let rung = match self.state.try_lock() {
             Some(mut st) => {
                 let backlog = engine.backlog_bytes() as f64 / engine.threads().max(1) as f64;
@@ -723,6 +744,7 @@ mod tests {
             AdaptConfig {
                 law: LAW_DEFAULT,
                 cpu: Some(src.clone()),
+                defer: false,
             },
         );
         assert_eq!(a.current(), alg("zstd:3"));
@@ -748,6 +770,36 @@ mod tests {
         let b = AdaptiveCodec::new(alg("zstd:3"), AdaptConfig::backlog(LAW_DEFAULT));
         assert_eq!(b.choose(&idle_engine, 0), alg("zstd:3"));
         assert_eq!(b.cpu_busy(), None);
+        assert_eq!(b.why(), Why::Target);
+    }
+
+    #[test]
+    fn deferred_compression_takes_the_fastest_rung_whatever_the_signals() {
+        // An idle engine and idle cores: the laws would give the target.
+        let idle_engine = squeeze_codec::CpuPool::new(1);
+        let src = Arc::new(Fixed(Mutex::new(Some(0.0))));
+        let a = AdaptiveCodec::new(
+            alg("zstd:3"),
+            AdaptConfig {
+                law: LAW_DEFAULT,
+                cpu: Some(src),
+                defer: true,
+            },
+        );
+        for _ in 0..3 {
+            assert_eq!(a.choose(&idle_engine, 0), alg("lz4"));
+            assert_eq!(a.why(), Why::Deferred);
+            assert_eq!(a.current(), alg("lz4"));
+        }
+        // An lz4 target has no rung under it: it is its own.
+        let b = AdaptiveCodec::new(
+            alg("lz4"),
+            AdaptConfig {
+                defer: true,
+                ..AdaptConfig::backlog(LAW_DEFAULT)
+            },
+        );
+        assert_eq!(b.choose(&idle_engine, 0), alg("lz4"));
         assert_eq!(b.why(), Why::Target);
     }
 }
