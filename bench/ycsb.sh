@@ -16,8 +16,8 @@
 # Every store gets the same seeded operation streams.
 #
 # Stores (STORES, default "kv rocksdb:none rocksdb:lz4 rocksdb:lz4-zstd"): kv is squeeze-kv on a
-# thin squeeze volume (default policy, zstd:3; half a bucket per record, kv:B for B buckets per
-# record, e.g. kv:0.25 packs four records to a 4 KiB bucket); rocksdb:C is RocksDB
+# thin squeeze volume (default policy, zstd:3; a quarter bucket per record, four records to a
+# 4 KiB bucket; kv:B for B buckets per record, e.g. kv:0.5); rocksdb:C is RocksDB
 # with its default options but compression C (none, lz4, lz4-zstd: lz4 on every level, zstd on
 # the bottommost) and one background job per core, the WAL on.
 #
@@ -83,7 +83,7 @@ files=()
 for s in $STORES; do
   db=${s%%:*}
   comp=none
-  bpk=0.5
+  bpk=0.25
   if [[ $s == *:* ]]; then
     if [[ $db == kv ]]; then bpk=${s#*:}; else comp=${s#*:}; fi
   fi

@@ -69,3 +69,53 @@ fn a_store_on_its_own_volume_reopens_through_the_usual_open() {
         );
     }
 }
+
+#[test]
+fn a_stores_own_volume_defers_compression_and_compact_brings_the_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = create_volume(&dir.path().join("kv.sqz"), 8192).unwrap();
+    let s = Store::create(
+        vol.clone(),
+        CreateStore {
+            buckets: Some(8192),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // Compressible values (db_bench's kind: a random half, repeated).
+    let value = |i: u32| {
+        let half: Vec<u8> = (0..200u32)
+            .map(|k| b' ' + ((i.wrapping_mul(2654435761) ^ k.wrapping_mul(40503)) % 95) as u8)
+            .collect();
+        [half.clone(), half].concat()
+    };
+    for i in 0..12_000u32 {
+        s.put(format!("user{i}").as_bytes(), &value(i)).unwrap();
+    }
+    s.flush().unwrap();
+    let st = vol.stats();
+    assert_eq!(st.write_algorithm, "lz4", "{st:?}");
+    assert_eq!(st.write_algorithm_why, "deferred");
+    assert!(st.below_target_bytes > 0);
+    let before = st.stored_bytes;
+    let rep = vol.compact(|_, _| {}).unwrap();
+    let st = vol.stats();
+    assert!(rep.upgraded_bytes > 0, "{rep:?}");
+    // Every sealed segment is upgraded; the head's records wait for it to
+    // seal.
+    assert!(
+        st.below_target_pending_bytes < st.below_target_bytes / 4,
+        "{st:?}"
+    );
+    assert!(
+        st.stored_bytes < before,
+        "zstd:3 stores {} against lz4's {before}",
+        st.stored_bytes
+    );
+    for i in (0..12_000u32).step_by(7) {
+        assert_eq!(
+            s.get(format!("user{i}").as_bytes()).unwrap(),
+            Some(value(i))
+        );
+    }
+}
