@@ -9,8 +9,8 @@
 //!
 //! A store writes one 4 KiB bucket at a time, so the backing file's
 //! write-behind pool needs a few chunks, not the 32 MiB a server keeps to
-//! let NBD bursts run ahead of the device; and the cleaner reads a whole
-//! victim segment at once, so small segments bound that buffer too. With
+//! let NBD bursts run ahead of the device; small segments keep what the
+//! cleaner and the idle upgrade find to move in one victim small. With
 //! both, what the process holds is the sector map (8 bytes per mapped
 //! bucket) plus a few MiB (docs/KV.md, "Memory").
 
@@ -19,7 +19,7 @@ use squeeze_engine::{CreateOptions, FileOptions, FileStorage, OpenOptions, Volum
 use std::path::Path;
 use std::sync::Arc;
 
-/// Segment size of a store's own volume: the cleaner's read buffer.
+/// Segment size of a store's own volume.
 pub const SEGMENT_SIZE: u64 = 4 << 20;
 /// Write-behind chunks (1 MiB each) of a store's own volume.
 pub const WRITE_BEHIND_CHUNKS: usize = 4;

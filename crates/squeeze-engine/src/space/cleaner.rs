@@ -3,7 +3,8 @@
 //! Every overwrite or trim leaves dead bytes behind in the segment that held
 //! the old data. The cleaner picks victims by cost-benefit (free space gained
 //! against age and copy cost, as in LFS: `(1 - u) * age / (1 + u)` with `u`
-//! the live fraction), reads the victim once, and re-appends what is still
+//! the live fraction), reads the victim once (1 MiB at a time), and
+//! re-appends what is still
 //! live as Relocate records at the log head:
 //! - a record whose sectors are all live is copied as it is (no codec time),
 //!   unless a recompress algorithm is set, then it is recompressed with it
@@ -41,11 +42,19 @@ use crate::pipeline::split::Piece;
 use crate::space::{SegState, SegmentId};
 use crate::state::Inner;
 use squeeze_codec::Algorithm;
-use squeeze_format::{record::verify_payload, CodecId, Policy, RecordScan, Stride, SECTOR_SIZE};
+use squeeze_format::{
+    record::verify_payload, CodecId, Policy, RecordScan, ScannedRecord, Stride, MAX_RECORD_BYTES,
+    RECORD_ALIGN, SECTOR_SIZE,
+};
 use std::sync::Arc;
 
 /// Relocated payload bytes per log append (bounds the memory of a pass).
-const APPEND_BYTES_MAX: usize = 4 << 20;
+const APPEND_BYTES_MAX: usize = 1 << 20;
+/// Bytes of a victim read at a time (at most the segment): more than the
+/// largest record, so a window always holds a whole one. The cleaner's
+/// read buffer, whatever the segment size.
+const WINDOW_BYTES: usize = 1 << 20;
+const _: () = assert!(WINDOW_BYTES as u64 > 2 * MAX_RECORD_BYTES);
 /// When free room is short, any segment below this live fraction will do.
 pub const VICTIM_LIVE_MAX_TIGHT: f64 = 0.98;
 
@@ -315,21 +324,65 @@ pub(crate) fn rewrite_segment(inner: &Inner, s: SegmentId, mode: Rewrite) -> Res
     r
 }
 
+/// Calls `f` with each record of segment `s` in log order and its offset
+/// in the backing file, reading the segment [`WINDOW_BYTES`] at a time into
+/// `buf`, until `f` answers false. The walk is that of one [`RecordScan`]
+/// over the whole segment: a window goes on from the end of the last
+/// record it yielded, or from where a record that did not end inside it
+/// may begin. False when the segment is no longer a log segment.
+fn walk_records(
+    inner: &Inner,
+    s: SegmentId,
+    buf: &mut Vec<u8>,
+    mut f: impl FnMut(ScannedRecord<'_>, u64) -> Result<bool>,
+) -> Result<bool> {
+    let seg_off = inner.segment_offset(s);
+    let seg_size = inner.seg_size as usize;
+    let window = WINDOW_BYTES.min(seg_size);
+    buf.resize(window, 0);
+    let mut pos = 0usize;
+    loop {
+        let len = window.min(seg_size - pos);
+        {
+            let _gate = inner.gate.read();
+            if !matches!(inner.log.lock().table.state(s), SegState::Log { .. }) {
+                return Ok(false);
+            }
+            inner
+                .storage
+                .read_at(&mut buf[..len], seg_off + pos as u64)?;
+        }
+        let mut last_end = 0;
+        for rec in RecordScan::new(&buf[..len], inner.uuid, Stride::Record) {
+            last_end = rec.offset + rec.header.record_len() as usize;
+            let at = seg_off + (pos + rec.offset) as u64;
+            if !f(rec, at)? {
+                return Ok(true);
+            }
+        }
+        if pos + len == seg_size {
+            return Ok(true);
+        }
+        // A record beginning before `floor` would have ended inside.
+        let align = RECORD_ALIGN as usize;
+        let floor = (len - MAX_RECORD_BYTES as usize) / align * align;
+        pos += last_end.max(floor);
+    }
+}
+
 fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<CleanReport> {
     let mut rep = CleanReport {
         victims: 1,
         ..Default::default()
     };
-    let seg_off = inner.segment_offset(s);
-    let mut buf = vec![0u8; inner.seg_size as usize];
     {
         let _gate = inner.gate.read();
         if !matches!(inner.log.lock().table.state(s), SegState::Log { .. }) {
             return Ok(CleanReport::default());
         }
         rep.bytes_live_before = inner.state.read().usage.get(s).live_bytes;
-        inner.storage.read_at(&mut buf, seg_off)?;
     }
+    let mut buf = Vec::new();
     let policy = inner.policy.read().clone();
     let recompress = match mode {
         Rewrite::Upgrade { .. } => Some(policy.algorithm),
@@ -348,26 +401,28 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
         }
         Rewrite::Clean => false,
     };
-    if mode == (Rewrite::Upgrade { all: false })
-        && !inner.with_map(|st| {
-            for rec in RecordScan::new(&buf, inner.uuid, Stride::Record) {
-                let h = rec.header;
-                let rec_abs = seg_off + rec.offset as u64;
-                if !h.kind.has_payload() || !upgrade_this(h.codec) {
-                    continue;
-                }
+    if mode == (Rewrite::Upgrade { all: false }) {
+        let mut found = false;
+        walk_records(inner, s, &mut buf, |rec, rec_abs| {
+            let h = rec.header;
+            if !h.kind.has_payload() || !upgrade_this(h.codec) {
+                return Ok(true);
+            }
+            found = inner.with_map(|st| {
                 for i in 0..u64::from(h.sectors) {
                     let e = st.map.get(h.lba + i)?;
                     if e.is_mapped() && e.record_offset() == rec_abs {
                         return Ok(true);
                     }
                 }
-            }
-            Ok(false)
-        })?
-    {
-        // Nothing below the target here: leave the segment as it is.
-        return Ok(CleanReport::default());
+                Ok(false)
+            })?;
+            Ok(!found)
+        })?;
+        if !found {
+            // Nothing below the target here: leave the segment as it is.
+            return Ok(CleanReport::default());
+        }
     }
     let mut items: Vec<Item> = Vec::new();
     let mut pending_bytes = 0usize;
@@ -375,12 +430,11 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
     // The partly live records, decompressed back to back: the runs' bytes,
     // handed to the compression engine as they are (no gathering copy).
     let mut raw: Vec<u8> = Vec::new();
-    for rec in RecordScan::new(&buf, inner.uuid, Stride::Record) {
+    walk_records(inner, s, &mut buf, |rec, rec_abs| {
         let h = rec.header;
         if !h.kind.has_payload() {
-            continue;
+            return Ok(true);
         }
-        let rec_abs = seg_off + rec.offset as u64;
         let live: Vec<bool> = inner.with_map(|st| {
             (0..u64::from(h.sectors))
                 .map(|i| {
@@ -390,7 +444,7 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
                 .collect()
         })?;
         if !live.contains(&true) {
-            continue;
+            return Ok(true);
         }
         let payload = rec.payload;
         if let Err(e) = verify_payload(&h, payload) {
@@ -399,7 +453,7 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
                 h.lba
             );
             rep.corrupt_records += 1;
-            continue;
+            return Ok(true);
         }
         let recompress_this = match mode {
             Rewrite::Clean => recompress.is_some_and(|a| a.codec != h.codec),
@@ -428,7 +482,7 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
                 tracing::warn!("cleaner: record at {rec_abs} does not decompress: {e}");
                 rep.corrupt_records += 1;
                 raw.truncate(base);
-                continue;
+                return Ok(true);
             }
             // The whole record is held until the batch goes out (its dead
             // sectors too), so it counts whole against the batch's bound.
@@ -461,7 +515,8 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
             )?;
             pending_bytes = 0;
         }
-    }
+        Ok(true)
+    })?;
     flush_items(
         inner, &mut items, &mut runs, &mut raw, recompress, mode, &policy, &mut rep,
     )?;
@@ -735,4 +790,88 @@ pub(crate) fn compact(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Resu
     checkpoint::write_base_if_room(inner)?;
     checkpoint::write(inner, false)?;
     Ok(rep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CreateOptions, OpenOptions, SimStorage, Volume};
+
+    /// The windowed walk yields the records one scan of the whole segment
+    /// yields, in order, with records of every size across window
+    /// boundaries and a damaged header just before one.
+    #[test]
+    fn the_windowed_walk_finds_what_a_whole_segment_scan_finds() {
+        let s = Arc::new(SimStorage::new());
+        let mut o = CreateOptions::new(256 << 20);
+        o.segment_size = 4 << 20;
+        let v = Volume::create(s.clone(), &o).unwrap();
+        // Incompressible 4 KiB..128 KiB writes (raw records up to the
+        // largest) and compressible ones, until a few segments are sealed.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut off = 0u64;
+        while off < 40 << 20 {
+            let sectors = 1 + rnd() % 32;
+            let len = sectors as usize * SECTOR_SIZE;
+            let buf: Vec<u8> = if rnd() % 3 == 0 {
+                vec![(rnd() % 7) as u8 + 1; len]
+            } else {
+                (0..len).map(|_| rnd() as u8).collect()
+            };
+            v.write(off, &buf, false).unwrap();
+            off += len as u64;
+        }
+        v.flush().unwrap();
+        let inner = &v.inner;
+        let segs: Vec<SegmentId> = sealed(inner).0.iter().map(|&(s, ..)| s).collect();
+        assert!(segs.len() >= 4, "{} sealed segments", segs.len());
+        // Damage a header 48 bytes before the second window of one segment.
+        let damaged = segs[1];
+        let seg_off = inner.segment_offset(damaged);
+        let mut whole = vec![0u8; inner.seg_size as usize];
+        inner.storage.read_at(&mut whole, seg_off).unwrap();
+        let cut = RecordScan::new(&whole, inner.uuid, Stride::Record)
+            .map(|r| r.offset)
+            .filter(|&o| o < WINDOW_BYTES)
+            .last()
+            .unwrap();
+        s.flip_bit(seg_off + cut as u64 + 10, 3);
+        let mut crossing = 0;
+        for seg in segs {
+            let seg_off = inner.segment_offset(seg);
+            inner.storage.read_at(&mut whole, seg_off).unwrap();
+            let want: Vec<(u64, u64, u32)> = RecordScan::new(&whole, inner.uuid, Stride::Record)
+                .map(|r| {
+                    (
+                        seg_off + r.offset as u64,
+                        r.header.seq,
+                        r.header.payload_crc,
+                    )
+                })
+                .collect();
+            crossing += RecordScan::new(&whole, inner.uuid, Stride::Record)
+                .filter(|r| {
+                    let end = r.offset + r.header.record_len() as usize;
+                    r.offset / WINDOW_BYTES != (end - 1) / WINDOW_BYTES
+                })
+                .count();
+            let mut got = Vec::new();
+            let mut buf = Vec::new();
+            let log = walk_records(inner, seg, &mut buf, |r, at| {
+                got.push((at, r.header.seq, r.header.payload_crc));
+                Ok(true)
+            })
+            .unwrap();
+            assert!(log);
+            assert_eq!(got, want, "segment {seg}");
+            assert!(buf.len() <= WINDOW_BYTES);
+        }
+        assert!(crossing >= 4, "{crossing} records across a window boundary");
+    }
 }
