@@ -22,7 +22,7 @@ use std::sync::Arc;
 /// Segment size of a store's own volume.
 pub const SEGMENT_SIZE: u64 = 4 << 20;
 /// Write-behind chunks (1 MiB each) of a store's own volume.
-pub const WRITE_BEHIND_CHUNKS: usize = 4;
+pub const WRITE_BEHIND_CHUNKS: usize = 2;
 
 fn file_options() -> FileOptions {
     FileOptions {

@@ -33,7 +33,7 @@ fn a_store_on_its_own_volume_reopens_through_the_usual_open() {
             },
         )
         .unwrap();
-        // More than the pool's 4 MiB of chunks and than a segment, so
+        // More than the pool's 2 MiB of chunks and than a segment, so
         // chunks are evicted and the log crosses segments.
         for i in 0..20_000u32 {
             s.put(format!("key{i}").as_bytes(), &value(i)).unwrap();

@@ -3,7 +3,7 @@
 //! Every overwrite or trim leaves dead bytes behind in the segment that held
 //! the old data. The cleaner picks victims by cost-benefit (free space gained
 //! against age and copy cost, as in LFS: `(1 - u) * age / (1 + u)` with `u`
-//! the live fraction), reads the victim once (1 MiB at a time), and
+//! the live fraction), reads the victim once (512 KiB at a time), and
 //! re-appends what is still
 //! live as Relocate records at the log head:
 //! - a record whose sectors are all live is copied as it is (no codec time),
@@ -49,11 +49,11 @@ use squeeze_format::{
 use std::sync::Arc;
 
 /// Relocated payload bytes per log append (bounds the memory of a pass).
-const APPEND_BYTES_MAX: usize = 1 << 20;
+const APPEND_BYTES_MAX: usize = 512 << 10;
 /// Bytes of a victim read at a time (at most the segment): more than the
 /// largest record, so a window always holds a whole one. The cleaner's
 /// read buffer, whatever the segment size.
-const WINDOW_BYTES: usize = 1 << 20;
+const WINDOW_BYTES: usize = 512 << 10;
 const _: () = assert!(WINDOW_BYTES as u64 > 2 * MAX_RECORD_BYTES);
 /// When free room is short, any segment below this live fraction will do.
 pub const VICTIM_LIVE_MAX_TIGHT: f64 = 0.98;
