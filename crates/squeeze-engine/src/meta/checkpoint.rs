@@ -13,7 +13,7 @@
 //! 1. Under the log lock, wait until every reserved record is installed,
 //!    then encode the piece (the map's changed runs, or all of them), the
 //!    counters and the head, and write it as it is encoded
-//!    (`stream_piece`: its runs counted first, 1 MiB per write, its CRC
+//!    (`stream_piece`: its runs counted first, 256 KiB per write, its CRC
 //!    last, so a big map's piece is never held whole in memory): a delta
 //!    after the chain's last piece (the rest of its last segment, then
 //!    newly allocated free segments), a base into newly allocated free
@@ -364,7 +364,7 @@ fn allocate_segments(
 }
 
 /// Bytes a streamed base piece is taken in: one write each.
-const STREAM_CHUNK: usize = 1 << 20;
+const STREAM_CHUNK: usize = 256 << 10;
 
 /// Writes `bytes` at byte `at` of a stream laid end to end in `segs`.
 fn write_stream(
