@@ -795,7 +795,7 @@ pub(crate) fn compact(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CreateOptions, OpenOptions, SimStorage, Volume};
+    use crate::{CreateOptions, SimStorage, Volume};
 
     /// The windowed walk yields the records one scan of the whole segment
     /// yields, in order, with records of every size across window
