@@ -4,8 +4,7 @@
 //! the old data. The cleaner picks victims by cost-benefit (free space gained
 //! against age and copy cost, as in LFS: `(1 - u) * age / (1 + u)` with `u`
 //! the live fraction), reads the victim once (512 KiB at a time), and
-//! re-appends what is still
-//! live as Relocate records at the log head:
+//! re-appends what is still live as Relocate records at the log head:
 //! - a record whose sectors are all live is copied as it is (no codec time),
 //!   unless a recompress algorithm is set, then it is recompressed with it
 //!   (zram's idea: write fast, recompress cold data that moves anyway);
