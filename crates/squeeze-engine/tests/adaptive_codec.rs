@@ -256,9 +256,9 @@ fn deferred_compression_writes_lz4_and_compact_restores_the_target_after_a_reope
     let v = open(false);
     let report = v.compact(|_, _| {}).unwrap();
     let st = v.stats();
-    // Every sealed segment's (the head's records wait for it to seal: here
-    // the first 4 MiB segment holds about three quarters of the lz4 bytes).
-    assert!(report.upgraded_bytes >= 6 * MIB as u64, "{report:?}");
+    // Every lz4 record, the head segment's too.
+    assert_eq!(report.upgraded_bytes, 8 * MIB as u64, "{report:?}");
+    assert_eq!(st.below_target_pending_bytes, 0, "{st:?}");
     assert!(
         st.stored_bytes < lz4_bytes * 9 / 10,
         "zstd:3 stored {} against lz4's {lz4_bytes}",

@@ -154,8 +154,9 @@ pub(crate) enum Rewrite {
     /// below-target bytes, whose level the record header does not name), or
     /// only records of a codec below the target's (`!all`: after a reopen,
     /// from what the headers say; a segment without such a record is left
-    /// as it is).
-    Upgrade { all: bool },
+    /// as it is). `keep_others`: the other records stay where they are (the
+    /// log's head segment, which is not freed, is upgraded where it is).
+    Upgrade { all: bool, keep_others: bool },
 }
 
 /// What cleaning did.
@@ -394,13 +395,13 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
     };
     let victim_below = inner.state.read().usage.below_target(s) > 0;
     let upgrade_this = |codec: CodecId| match mode {
-        Rewrite::Upgrade { all: true } => true,
-        Rewrite::Upgrade { all: false } => {
+        Rewrite::Upgrade { all: true, .. } => true,
+        Rewrite::Upgrade { all: false, .. } => {
             crate::pipeline::adapt::below_target_codec(codec, policy.algorithm)
         }
         Rewrite::Clean => false,
     };
-    if mode == (Rewrite::Upgrade { all: false }) {
+    if matches!(mode, Rewrite::Upgrade { all: false, .. }) {
         let mut found = false;
         walk_records(inner, s, &mut buf, |rec, rec_abs| {
             let h = rec.header;
@@ -432,6 +433,16 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
     walk_records(inner, s, &mut buf, |rec, rec_abs| {
         let h = rec.header;
         if !h.kind.has_payload() {
+            return Ok(true);
+        }
+        if matches!(
+            mode,
+            Rewrite::Upgrade {
+                keep_others: true,
+                ..
+            }
+        ) && !upgrade_this(h.codec)
+        {
             return Ok(true);
         }
         let live: Vec<bool> = inner.with_map(|st| {
@@ -728,17 +739,29 @@ pub(crate) fn upgrade_pass(inner: &Inner) -> Result<Option<CleanReport>> {
     let Some((s, _)) = best else {
         return Ok(None);
     };
-    let r = rewrite_segment(inner, s, Rewrite::Upgrade { all: true });
+    let r = rewrite_segment(
+        inner,
+        s,
+        Rewrite::Upgrade {
+            all: true,
+            keep_others: false,
+        },
+    );
     inner.state.write().usage.clear_below_target(s);
     r.map(Some)
 }
 
 /// Upgrades what was written below the target (see [`compact`]), then
 /// cleans every segment sealed before the call that holds any dead byte,
-/// then checkpoints so the victims are freed. `progress(done, total)`.
+/// upgrades the records of a codec below the target's in the head segment
+/// (that of the call's start and the current one), then checkpoints so the
+/// victims are freed. `progress(done, total)`.
 pub(crate) fn compact(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Result<CleanReport> {
     let _one = inner.cleaner_lock.lock();
-    let start_seq = inner.log.lock().next_seq;
+    let (start_seq, head_at_start) = {
+        let log = inner.log.lock();
+        (log.next_seq, log.head_segment)
+    };
     let mut rep = CleanReport::default();
     let total = sealed(inner).0.len() as u64;
     // Each victim once: one holding a corrupt record keeps it (and stays).
@@ -754,7 +777,14 @@ pub(crate) fn compact(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Resu
         if sectors == 0 || !(flagged || by_codec) {
             continue;
         }
-        let r = rewrite_segment(inner, s, Rewrite::Upgrade { all: flagged });
+        let r = rewrite_segment(
+            inner,
+            s,
+            Rewrite::Upgrade {
+                all: flagged,
+                keep_others: false,
+            },
+        );
         inner.state.write().usage.clear_below_target(s);
         let r = match r {
             // No room for the rewrite: the cleaning below makes some.
@@ -782,6 +812,44 @@ pub(crate) fn compact(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Resu
         rep.add(&r);
         done.push(v);
         progress(rep.victims, total);
+    }
+    // The head segment of the call's start was no victim (the log was
+    // still filling it; the relocations may have sealed it since), nor is
+    // the head now: their records of a codec below the target's are
+    // upgraded where they are (a head's copies go to the head itself, and
+    // the walk passes over them: their codec is the target's). A note is
+    // cleared unless a client wrote below the target meanwhile.
+    for step in 0..2 {
+        let s = match step {
+            0 => head_at_start,
+            _ => inner.log.lock().head_segment,
+        };
+        let below = inner.state.read().usage.below_target(s);
+        if done.contains(&s) || !(below > 0 || by_codec) {
+            continue;
+        }
+        done.push(s);
+        // The head keeps what is at the target; a sealed one is rewritten
+        // whole (and freed).
+        let keep_others = s == inner.log.lock().head_segment;
+        let mode = Rewrite::Upgrade {
+            all: false,
+            keep_others,
+        };
+        match rewrite_segment(inner, s, mode) {
+            // No room: the segment keeps its bytes as they are.
+            Err(EngineError::NoSpace(_)) => {}
+            r => {
+                let r = r?;
+                let mut st = inner.state.write();
+                if st.usage.below_target(s) == below {
+                    st.usage.clear_below_target(s);
+                }
+                if r.records_moved > 0 {
+                    rep.add(&r);
+                }
+            }
+        }
     }
     // Two checkpoints free every victim (see `make_room`). The first is a
     // base where there is room for one, so that the chain left is the map
