@@ -79,7 +79,7 @@ pub struct BenchArgs {
     pub value_size: usize,
     /// Buckets per key (the logical space wasted on purpose; a quarter:
     /// four 400-byte records to a 4 KiB bucket).
-    #[arg(long, default_value = "0.25")]
+    #[arg(long, default_value_t = squeeze_kv::BUCKETS_PER_KEY_DEFAULT)]
     pub buckets_per_key: f64,
     #[arg(long, default_value = "2")]
     pub threads: u64,

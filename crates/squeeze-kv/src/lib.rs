@@ -17,5 +17,7 @@ pub mod store;
 pub mod volume;
 
 pub use error::{KvError, Result};
-pub use store::{CreateStore, Expect, Store, KEY_MAX, PROBE_MAX_DEFAULT, RECORD_MAX};
+pub use store::{
+    CreateStore, Expect, Store, BUCKETS_PER_KEY_DEFAULT, KEY_MAX, PROBE_MAX_DEFAULT, RECORD_MAX,
+};
 pub use volume::create_volume;

@@ -41,6 +41,10 @@ pub const KEY_MAX: usize = 1024;
 pub const RECORD_MAX: usize = RECORDS_MAX - RECORD_OVERHEAD;
 /// Default chain length.
 pub const PROBE_MAX_DEFAULT: u32 = 16;
+/// Buckets per key a store is sized with by default (`squeeze kv bench`,
+/// squeeze-ycsb): four 400-byte records to a 4 KiB bucket, which share its
+/// record header and compression frame (docs/KV.md).
+pub const BUCKETS_PER_KEY_DEFAULT: f64 = 0.25;
 const STRIPES: usize = 4096;
 
 /// How to create a store.

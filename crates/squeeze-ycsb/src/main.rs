@@ -66,7 +66,7 @@ struct RunArgs {
     /// squeeze-kv buckets (4 KiB each) per record, loaded and inserted
     /// (a quarter: four records to a bucket, whose records share its
     /// header and compression frame; 0.5 writes faster and stores ~7% more).
-    #[arg(long, default_value_t = 0.25)]
+    #[arg(long, default_value_t = squeeze_kv::BUCKETS_PER_KEY_DEFAULT)]
     buckets_per_key: f64,
     /// Skip the final compaction.
     #[arg(long)]
@@ -111,7 +111,7 @@ fn open_db(a: &RunArgs, records_total: u64) -> Result<Box<dyn Db>> {
             let buckets = ((records_total as f64 * a.buckets_per_key) as u64)
                 .max(u64::from(squeeze_kv::PROBE_MAX_DEFAULT));
             // The default layout keeps the plain name; others say theirs.
-            let name = if a.buckets_per_key == 0.25 {
+            let name = if a.buckets_per_key == squeeze_kv::BUCKETS_PER_KEY_DEFAULT {
                 "squeeze-kv".to_string()
             } else {
                 format!("squeeze-kv ({} buckets/record)", a.buckets_per_key)
