@@ -5,7 +5,7 @@
 # missing and cannot be installed, prints "SKIPPED: cargo-fuzz unavailable"
 # and exits 0 (non-zero when CI=true, so CI cannot silently skip it).
 #
-# Usage: fuzz/smoke.sh [target...]     (default: all four targets)
+# Usage: fuzz/smoke.sh [target...]     (default: all five targets)
 # Env:   FUZZ_SECONDS=N                 time per target
 #        CARGO_TARGET_DIR=dir           build dir (default fuzz/target)
 #        FUZZ_NO_INSTALL=1              do not try `cargo install cargo-fuzz`
@@ -20,7 +20,7 @@ FUZZ_DIR=$PWD
 SECONDS_PER_TARGET=${FUZZ_SECONDS:-15}
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-    TARGETS=(format_decoders codec_decompress nbd_stream engine_ops)
+    TARGETS=(format_decoders codec_decompress nbd_stream engine_ops volume_damage)
 fi
 
 skip() {

@@ -148,18 +148,37 @@ pub fn open_volume(path: &Path, background: bool) -> Result<Volume> {
 pub fn open_volume_with(path: &Path, opts: OpenOptions) -> Result<Volume> {
     let storage = FileStorage::open(path)
         .with_context(|| format!("cannot open volume {}", path.display()))?;
-    Volume::open(Arc::new(storage), opts)
-        .with_context(|| format!("cannot open volume {}", path.display()))
+    Volume::open(Arc::new(storage), opts).map_err(|e| open_failed(path, e))
 }
 
-/// Opens a volume without writing to it.
-pub fn open_volume_read_only(path: &Path) -> Result<Volume> {
-    open_volume_read_only_locked(path, false)
+/// The error of an open that failed, with what to do about lost data.
+fn open_failed(path: &Path, e: squeeze_engine::EngineError) -> anyhow::Error {
+    let what = format!("cannot open volume {}", path.display());
+    if matches!(e, squeeze_engine::EngineError::Damaged(_)) {
+        anyhow::anyhow!(
+            "{e}. `squeeze check {}` names the damage; --accept-loss opens the volume with what \
+             survives (the sectors of the lost records read back older data)",
+            path.display()
+        )
+        .context(what)
+    } else {
+        anyhow::Error::new(e).context(what)
+    }
+}
+
+/// Opens a volume without writing to it; `accept_loss` opens one that lost
+/// flushed data (for commands that report damage rather than serve data).
+pub fn open_volume_read_only(path: &Path, accept_loss: bool) -> Result<Volume> {
+    open_volume_read_only_locked(path, false, accept_loss)
 }
 
 /// Opens a volume without writing to it; with `exclusive_of_writers`, fails
 /// while another process has it open for writing.
-pub fn open_volume_read_only_locked(path: &Path, exclusive_of_writers: bool) -> Result<Volume> {
+pub fn open_volume_read_only_locked(
+    path: &Path,
+    exclusive_of_writers: bool,
+    accept_loss: bool,
+) -> Result<Volume> {
     let storage = FileStorage::open_read_only(path)
         .with_context(|| format!("cannot open volume {}", path.display()))?;
     if exclusive_of_writers {
@@ -171,10 +190,11 @@ pub fn open_volume_read_only_locked(path: &Path, exclusive_of_writers: bool) -> 
         Arc::new(storage),
         OpenOptions {
             read_only: true,
+            accept_loss,
             ..Default::default()
         },
     )
-    .with_context(|| format!("cannot open volume {}", path.display()))
+    .map_err(|e| open_failed(path, e))
 }
 
 pub fn progress(len: u64, what: &str) -> ProgressBar {

@@ -19,7 +19,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let vol = match open_volume_read_only_locked(&a.path, true) {
+    let vol = match open_volume_read_only_locked(&a.path, true, true) {
         Ok(v) => v,
         Err(e) => {
             if a.json {
@@ -66,6 +66,44 @@ pub fn run(a: Args) -> Result<ExitCode> {
         if let Some(acc) = &report.accounting {
             outln!("ACCOUNTING ERROR: {acc}");
         }
+        let r = &report.recovery;
+        if let Some(sb) = &r.superblock {
+            outln!("SUPERBLOCK DAMAGED: {sb}");
+        }
+        if let Some(t) = &r.truncated {
+            outln!(
+                "TRUNCATED: the file is {} bytes, but its records reach byte {} or further ({} bytes or more cut off)",
+                t.file_len,
+                t.needed,
+                t.needed - t.file_len
+            );
+        }
+        for l in &r.lost {
+            outln!(
+                "LOST FLUSHED RECORDS: seqs {}..{} ({} records), damaged log at byte {}{}",
+                l.first_seq,
+                l.end_seq,
+                l.end_seq - l.first_seq,
+                l.log_offset,
+                if l.lbas.is_empty() {
+                    " (no header survived: their sectors cannot be named and read back older data)"
+                        .to_string()
+                } else {
+                    String::new()
+                }
+            );
+            for &(lba, n) in &l.lbas {
+                let last = lba + u64::from(n) - 1;
+                outln!(
+                    "LOST LBA {}..={} ({} sectors, bytes {}..{}): a flushed write whose record is damaged",
+                    lba,
+                    last,
+                    n,
+                    lba * 4096,
+                    (last + 1) * 4096
+                );
+            }
+        }
         for d in &report.damaged {
             let last = d.first_lba + d.sectors - 1;
             outln!(
@@ -80,6 +118,19 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
         if report.is_clean() {
             outln!("ok: no damage found");
+        } else if r.is_loss() {
+            outln!(
+                "{} damaged sectors; {} flushed log records lost{}",
+                report.damaged_sectors(),
+                r.lost_records(),
+                if r.truncated.is_some() {
+                    "; the file was cut short"
+                } else {
+                    ""
+                }
+            );
+        } else if report.damaged.is_empty() && report.accounting.is_none() {
+            outln!("damage found in the metadata; the data is intact (the next checkpoint rewrites it)");
         } else {
             outln!("{} damaged sectors", report.damaged_sectors());
         }

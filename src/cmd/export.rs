@@ -21,10 +21,17 @@ pub struct Args {
     /// Stop after this many bytes.
     #[arg(long, value_parser = parse_size)]
     pub length: Option<u64>,
+    /// Export a volume that lost flushed data (`squeeze check` names what),
+    /// with what survives: the sectors of the lost records hold older data.
+    #[arg(long)]
+    pub accept_loss: bool,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let vol = open_volume_read_only(&a.path)?;
+    let vol = open_volume_read_only(&a.path, a.accept_loss)?;
+    if !vol.damage().is_empty() {
+        eprintln!("squeeze export: WARNING: {}", vol.damage());
+    }
     let len = a.length.unwrap_or(vol.size());
     if len > vol.size() {
         bail!("--length {} exceeds the volume size {}", len, vol.size());

@@ -15,7 +15,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let vol = open_volume_read_only(&a.path)?;
+    let vol = open_volume_read_only(&a.path, true)?;
+    let file_len = std::fs::metadata(&a.path)?.len();
     let sb = vol.superblock();
     let st = vol.stats();
     let p = sb.policy;
@@ -38,6 +39,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "checkpoint_segments": sb.checkpoint.segments,
         "segments_in_file": st.segments_total,
         "segments_free": st.segments_free,
+        "file_bytes": file_len,
+        "truncated": vol.damage().truncated,
+        "damage": (!vol.damage().is_empty()).then(|| vol.damage().to_string()),
         "policy": super::policy_json(&p)
     });
     if a.json {
@@ -70,6 +74,21 @@ pub fn run(a: Args) -> Result<ExitCode> {
         st.segments_total,
         st.segments_free
     );
+    match vol.damage().truncated {
+        Some(t) => outln!(
+            "file            {} bytes: CUT SHORT, its records reach byte {} ({} missing)",
+            t.file_len,
+            t.needed,
+            human(t.needed - t.file_len)
+        ),
+        None => outln!("file            {} bytes", file_len),
+    }
+    if !vol.damage().is_empty() {
+        outln!(
+            "DAMAGED         {} (`squeeze check` names it)",
+            vol.damage()
+        );
+    }
     outln!(
         "max physical    {}",
         if sb.max_physical == 0 {

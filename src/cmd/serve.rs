@@ -74,6 +74,13 @@ pub struct Args {
     /// compact` still merges. Saves device writes at the cost of ratio.
     #[arg(long)]
     pub no_idle_merge: bool,
+    /// Serve a volume that lost flushed data (records a flush made durable
+    /// are gone, or the file was cut short: `squeeze check` names what),
+    /// keeping what survives. Without it such a volume is refused, since
+    /// the sectors of the lost records would read back older data. The
+    /// loss becomes permanent, and `stats` counts it.
+    #[arg(long)]
+    pub accept_loss: bool,
     /// For databases and other small-commit workloads: before a flush that
     /// follows little log, write zeros over the next 512 KiB past the log
     /// head, once, so commits overwrite written blocks of the backing file
@@ -324,6 +331,7 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
             OpenOptions {
                 background: true,
                 no_idle_merge: a.no_idle_merge,
+                accept_loss: a.accept_loss,
                 prewrite: a.prewrite,
                 no_adapt: a.no_adapt,
                 adapt_cpu: if a.no_adapt || a.no_cpu_adapt {
@@ -1181,6 +1189,18 @@ pub fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String 
         "Map chunks read back from the checkpoint chain.",
         "counter",
         |s: &VolumeStats| s.map_faults
+    );
+    m!(
+        "damaged_opens_total",
+        "Opens that found damage (a superblock slot, flushed records gone, a file cut short) and went on.",
+        "counter",
+        |s: &VolumeStats| s.damaged_opens
+    );
+    m!(
+        "lost_flushed_records_total",
+        "Flushed log records found missing at open whose loss was accepted (--accept-loss).",
+        "counter",
+        |s: &VolumeStats| s.lost_flushed_records
     );
     m!(
         "checkpoint_chain_bytes",

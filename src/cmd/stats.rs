@@ -24,7 +24,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             .with_context(|| format!("asking the server at {}", a.path.display()))?;
         (live.volumes, Some(live.server))
     } else {
-        let vol = open_volume_read_only(&a.path)?;
+        let vol = open_volume_read_only(&a.path, true)?;
         (vec![(a.path.display().to_string(), vol.stats())], None)
     };
     if a.json {
@@ -199,6 +199,16 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         );
     }
     outln!("checksum errors        {}", s.checksum_errors);
+    if s.damaged_opens > 0 {
+        outln!(
+            "damage                 {} opens found damage; {} flushed records lost (accepted)",
+            s.damaged_opens,
+            s.lost_flushed_records
+        );
+    }
+    if let Some(d) = &s.damage_at_open {
+        outln!("DAMAGED AT OPEN        {d}");
+    }
     if let Some(w) = &s.space_warning {
         outln!("WARNING                {w}");
     }

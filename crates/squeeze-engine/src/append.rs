@@ -13,7 +13,7 @@
 
 use crate::counters::{Counter, Counters};
 use crate::error::{EngineError, Result};
-use crate::meta::checkpoint;
+use crate::meta::{checkpoint, flush_marks};
 use crate::pipeline::compress::{Item, Outcome};
 use crate::space::ahead::ALLOC_STEP;
 use crate::space::{SegState, SegmentId};
@@ -299,7 +299,9 @@ impl Inner {
 
     /// Makes every record appended before the call durable. Two stages,
     /// pipelined across concurrent flushes: the write-out of staged log
-    /// bytes, then one fdatasync for every group written out before it.
+    /// bytes, then one fdatasync for every group written out before it,
+    /// followed by a flush mark (`meta::flush_marks`) saying how far the
+    /// log is durable.
     pub(crate) fn flush(&self) -> Result<()> {
         self.check_not_poisoned()?;
         let target = self.tickets.issued();
@@ -311,13 +313,19 @@ impl Inner {
             let _w = self.write_out_lock.lock();
             self.check_not_poisoned()?;
             if self.written.load(Ordering::Acquire) < target {
-                let upto = self.tickets.issued();
+                // Tickets are issued under the log lock in seq order: every
+                // record of a ticket below `upto` has a seq below `upto_seq`.
+                let (upto, upto_seq, upto_end) = {
+                    let log = self.log.lock();
+                    (self.tickets.issued(), log.next_seq, log.head_offset)
+                };
                 self.tickets.wait_below(upto);
                 if let Err(e) = self.storage.write_out() {
                     let e = EngineError::Io(e);
                     self.poison(&e);
                     return Err(e);
                 }
+                *self.written_seq.lock() = (upto_seq, upto_end);
                 self.written.store(upto, Ordering::Release);
             }
         }
@@ -326,7 +334,7 @@ impl Inner {
         // While it runs, the next group's stage 1 writes out (pipelined:
         // docs/ARCHITECTURE.md, "Flush, pipelined").
         let mut synced = self.sync_lock.lock();
-        if *synced >= target {
+        if synced.ticket >= target {
             return Ok(());
         }
         // A failed fdatasync before this one may have dropped written pages,
@@ -335,12 +343,20 @@ impl Inner {
         // letting go of the lock, so this one fails too.
         self.check_not_poisoned()?;
         let upto = self.written.load(Ordering::Acquire);
+        // Stored only after its write-out completed, so whatever this reads
+        // was written before the fdatasync below begins.
+        let upto_seq = *self.written_seq.lock();
         if let Err(e) = self.storage.sync_written() {
             let e = EngineError::Io(e);
             self.poison(&e);
             return Err(e);
         }
-        *synced = upto;
+        synced.ticket = upto;
+        if let Err(e) = flush_marks::mark(&*self.storage, &self.uuid, &mut synced, upto_seq) {
+            let e = EngineError::Io(e);
+            self.poison(&e);
+            return Err(e);
+        }
         self.counters.add(Counter::Flushes, 1);
         Ok(())
     }

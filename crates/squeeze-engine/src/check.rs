@@ -1,8 +1,11 @@
 //! The scrubber behind `squeeze check`: verifies both superblock slots, the
 //! checkpoint (by opening the volume, which also replays the log), the
 //! accounting invariants, and every live record (header, payload checksum,
-//! decompression), and names each damaged sector by LBA.
+//! decompression), and names each damaged sector by LBA. What the open
+//! found (a superblock slot it could not use, flushed log records that are
+//! gone, a file cut short: `crate::damage`) is part of the report.
 
+use crate::damage::RecoveryDamage;
 use crate::read::read_extent;
 use crate::volume::Volume;
 use squeeze_format::{Superblock, SECTOR_SIZE, SUPERBLOCK_SIZE};
@@ -23,11 +26,13 @@ pub struct CheckReport {
     pub sectors_checked: u64,
     pub accounting: Option<String>,
     pub damaged: Vec<Damage>,
+    /// What opening the volume found damaged.
+    pub recovery: RecoveryDamage,
 }
 
 impl CheckReport {
     pub fn is_clean(&self) -> bool {
-        self.damaged.is_empty() && self.accounting.is_none()
+        self.damaged.is_empty() && self.accounting.is_none() && self.recovery.is_empty()
     }
     pub fn damaged_sectors(&self) -> u64 {
         self.damaged.iter().map(|d| d.sectors).sum()
@@ -38,14 +43,25 @@ impl CheckReport {
 /// verified.
 pub fn check(vol: &Volume, mut progress: impl FnMut(u64, u64)) -> CheckReport {
     let inner = &*vol.inner;
-    let mut report = CheckReport::default();
+    let mut report = CheckReport {
+        recovery: vol.damage().clone(),
+        ..CheckReport::default()
+    };
     let mut buf = vec![0u8; 2 * SUPERBLOCK_SIZE];
+    let in_force = inner.sb.lock().clone();
     match inner.storage.read_at(&mut buf, 0) {
         Ok(()) => {
             for slot in 0..2 {
                 let b = &buf[slot * SUPERBLOCK_SIZE..(slot + 1) * SUPERBLOCK_SIZE];
                 report.superblock_slots.push(match Superblock::decode(b) {
+                    Ok(sb) if sb.uuid != in_force.uuid => {
+                        format!("another volume's (generation {})", sb.generation)
+                    }
                     Ok(sb) => format!("ok (generation {})", sb.generation),
+                    // A fresh volume has written one slot so far.
+                    Err(_) if b.iter().all(|&x| x == 0) && in_force.generation < 2 => {
+                        "never written".to_string()
+                    }
                     Err(e) => format!("unreadable: {e}"),
                 });
             }

@@ -54,9 +54,11 @@ counters! {
     PrewrittenBytes = 34, "Zero bytes written past the log head before small flushes (space::prewrite), so commits overwrite written blocks.";
     MapFaults = 35, "Map chunks read back from the checkpoint chain (paged in).";
     MapEvictions = 36, "Map chunks paged out to the checkpoint chain (the map over its cache).";
+    DamagedOpens = 37, "Opens that found damage (a superblock slot, flushed records gone, a file cut short) and went on.";
+    LostFlushedRecords = 38, "Flushed log records recovery found missing and whose loss was accepted at open (--accept-loss).";
 }
 
-pub const COUNTERS: usize = 37;
+pub const COUNTERS: usize = 39;
 
 pub struct Counters {
     v: [AtomicU64; COUNTERS],

@@ -19,6 +19,11 @@ pub enum EngineError {
     Metadata(FormatError),
     #[error("not a squeeze volume: {0}")]
     NotAVolume(String),
+    /// Flushed data is gone (recovery found missing records, or the file
+    /// was cut short): the volume opens only when the caller accepts the
+    /// loss (`OpenOptions::accept_loss`).
+    #[error("the volume lost flushed data: {0}")]
+    Damaged(Box<crate::damage::RecoveryDamage>),
     #[error("volume is read-only after an earlier I/O failure ({0}); reopen it")]
     ReadOnly(String),
     #[error("invalid argument: {0}")]

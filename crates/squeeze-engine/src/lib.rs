@@ -17,12 +17,14 @@
 //! - `map`: the sector map
 //! - `storage`: the backing file and the crash/fault simulator
 //! - `check`: the scrubber behind `squeeze check`
+//! - `damage`: what opening a volume found damaged (`Volume::damage`)
 //! - `counters`, `stats`: the counters, and the stats assembled from them
 
 pub(crate) mod append;
 pub(crate) mod chain_index;
 pub mod check;
 pub mod counters;
+pub mod damage;
 pub mod error;
 pub mod locks;
 pub(crate) mod maintenance;
@@ -37,6 +39,7 @@ pub mod storage;
 pub mod volume;
 pub(crate) mod write;
 
+pub use damage::RecoveryDamage;
 pub use error::{EngineError, Result};
 pub use pipeline::policy::Hint;
 pub use space::cleaner::{CleanReport, GcPolicy, GARBAGE_BUDGET_MIN};

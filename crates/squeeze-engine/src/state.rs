@@ -234,9 +234,12 @@ pub(crate) struct Inner {
     /// handed to the file.
     pub write_out_lock: Mutex<()>,
     pub written: std::sync::atomic::AtomicU64,
-    /// A flush's second stage (fdatasync), one at a time; the ticket count
-    /// every record below which is durable.
-    pub sync_lock: Mutex<u64>,
+    /// The log's next seq and head when `written` was last taken: every
+    /// record below that seq has been handed to the file.
+    pub written_seq: Mutex<(u64, u64)>,
+    /// A flush's second stage (fdatasync and flush mark), one at a time:
+    /// what is durable, and the marks written.
+    pub sync_lock: Mutex<crate::meta::flush_marks::Synced>,
     /// One checkpoint at a time; every other superblock write (policy,
     /// size, cap, the in-use mark) takes it too, so that the superblock
     /// naming a new piece is the generation the piece was written with.

@@ -166,6 +166,15 @@ pub struct VolumeStats {
     pub map_faults: u64,
     #[serde(default)]
     pub map_evictions: u64,
+    /// Opens that found damage and went on, and the flushed records whose
+    /// loss was accepted, over the volume's life.
+    #[serde(default)]
+    pub damaged_opens: u64,
+    #[serde(default)]
+    pub lost_flushed_records: u64,
+    /// What the last open found damaged (`Volume::damage`), if anything.
+    #[serde(default)]
+    pub damage_at_open: Option<String>,
     pub read_only_reason: Option<String>,
 }
 
@@ -300,6 +309,9 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         map_paged_chunks: paged,
         map_faults: c.get(Counter::MapFaults),
         map_evictions: c.get(Counter::MapEvictions),
+        damaged_opens: c.get(Counter::DamagedOpens),
+        lost_flushed_records: c.get(Counter::LostFlushedRecords),
+        damage_at_open: None,
         read_only_reason: inner.poisoned.lock().clone(),
     }
 }

@@ -19,10 +19,13 @@
 //!   reopened (it cannot know what reached the medium).
 
 use crate::append::segment_header;
+use crate::counters::Counter;
 use crate::counters::Counters;
+use crate::damage::RecoveryDamage;
 use crate::error::{EngineError, Result};
 use crate::locks::{RangeLocks, Tickets};
 use crate::map::SectorMap;
+use crate::meta::flush_marks::{self, Synced};
 use crate::meta::{checkpoint, recovery, superblock as sbio};
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Zeros;
@@ -38,8 +41,8 @@ use crate::storage::Storage;
 use parking_lot::{Condvar, Mutex, RwLock};
 use squeeze_codec::CompressEngine;
 use squeeze_format::{
-    CheckpointRef, CodecId, CompressionMode, Policy, Superblock, DATA_START, FORMAT_VERSION,
-    RECORD_HEADER_SIZE, SECTOR_SIZE, SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
+    CheckpointRef, CodecId, CompressionMode, FlushMark, Policy, Superblock, DATA_START,
+    FORMAT_VERSION, RECORD_HEADER_SIZE, SECTOR_SIZE, SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
 };
 use std::sync::Arc;
 
@@ -101,6 +104,13 @@ pub struct OpenOptions {
     pub engine: Option<Arc<dyn CompressEngine>>,
     /// Run the background maintenance thread (periodic checkpoints).
     pub background: bool,
+    /// Open a volume that lost flushed data (`EngineError::Damaged`:
+    /// records a flush mark covers are missing, or the file was cut
+    /// short), keeping what survives: its lost sectors read back as they
+    /// were before the lost records (or as a later record wrote them).
+    /// Opened writable, the loss becomes permanent with the checkpoint
+    /// recovery writes, and `Counter::LostFlushedRecords` counts it.
+    pub accept_loss: bool,
     /// With `background`: do not merge fragmented windows while clients
     /// are idle (the cleaner still runs; [`Volume::merge`] still works).
     pub no_idle_merge: bool,
@@ -165,6 +175,8 @@ pub struct Volume {
     maintenance: Option<std::thread::JoinHandle<()>>,
     allocator: Option<std::thread::JoinHandle<()>>,
     closed: bool,
+    /// What opening it found damaged.
+    damage: RecoveryDamage,
 }
 
 impl Volume {
@@ -240,38 +252,111 @@ impl Volume {
             usage: Usage::default(),
             chain: None,
         };
-        let vol = Self::assemble(storage, sb, log, state, &[], open)?;
+        let vol = Self::assemble(
+            storage,
+            sb,
+            log,
+            state,
+            &[],
+            open,
+            None,
+            RecoveryDamage::default(),
+        )?;
         checkpoint::write(&vol.inner, false)?;
+        // Both slots written from the start: a zero slot is then always
+        // damage, never a volume that has written one slot so far
+        // (`meta::superblock::read_slots`).
+        {
+            let _one = vol.inner.ckpt_lock.lock();
+            let mut sb = vol.inner.sb.lock();
+            sbio::write(&*vol.inner.storage, &mut sb)?;
+        }
         Ok(vol)
     }
 
     /// Opens an existing volume: newest valid superblock, its checkpoint,
-    /// then replay of the log after it.
+    /// then replay of the log after it. A newest superblock whose
+    /// checkpoint cannot be read gives way to the other slot's. Damage is
+    /// reported (`Volume::damage`); flushed data that is gone fails the
+    /// open with `EngineError::Damaged` unless `open.accept_loss`.
     pub fn open(storage: Arc<dyn Storage>, open: OpenOptions) -> Result<Volume> {
         let started = std::time::Instant::now();
         let slots = sbio::read_slots(&*storage)?;
-        let mut sb = slots.sb;
-        if !slots.other_intact {
+        let mut damage = RecoveryDamage {
+            superblock: slots.damage.clone(),
+            ..RecoveryDamage::default()
+        };
+        let mut sb = slots.sb.clone();
+        if slots.damage.is_some() {
             // The newest superblock may be the one lost: replay from the
             // checkpoint this one names, whatever its clean flag says.
             sb.clean = false;
         }
         // Segments only the other slot's checkpoint uses (a delta shares
         // its chain's segments with the checkpoints before it).
-        let older: Vec<SegmentId> = slots
+        let only_in = |a: &Superblock, b: &Superblock| -> Vec<SegmentId> {
+            a.checkpoint
+                .segments
+                .iter()
+                .copied()
+                .filter(|s| !b.checkpoint.segments.contains(s))
+                .collect()
+        };
+        let mut older: Vec<SegmentId> = slots
             .other
-            .map(|o| o.checkpoint.segments)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|s| !sb.checkpoint.segments.contains(s))
-            .collect();
-        let rec = recovery::recover(&*storage, &sb, &older, map_cache_of(&open))?;
+            .as_ref()
+            .map(|o| only_in(o, &sb))
+            .unwrap_or_default();
+        let cache = map_cache_of(&open);
+        let mut mark = flush_marks::read(&*storage, &sb.uuid)?;
+        let rec = match recovery::recover(&*storage, &sb, &older, cache, mark) {
+            Ok(rec) => rec,
+            Err(e @ EngineError::Metadata(_)) if slots.other.is_some() => {
+                let other = slots.other.clone().expect("checked");
+                let why = format!(
+                    "the newest superblock (slot {}, generation {}) names a checkpoint that \
+                     cannot be read ({e}); opened from slot {} (generation {}) and replayed the \
+                     log after its checkpoint",
+                    sb.slot(),
+                    sb.generation,
+                    other.slot(),
+                    other.generation
+                );
+                tracing::warn!("{why}");
+                damage.superblock = Some(why);
+                // The newer checkpoint's own segments stay as they are
+                // (not free) until a later checkpoint lets them go.
+                older = only_in(&sb, &other);
+                sb = other;
+                sb.clean = false;
+                mark = flush_marks::read(&*storage, &sb.uuid)?;
+                recovery::recover(&*storage, &sb, &older, cache, mark)?
+            }
+            Err(e) => return Err(e),
+        };
+        damage.lost = rec.lost.clone();
+        damage.truncated = rec.truncated;
+        damage.flushed_seq = mark.map(|m| m.flushed_seq);
+        if damage.is_loss() {
+            if !open.accept_loss {
+                return Err(EngineError::Damaged(Box::new(damage)));
+            }
+            tracing::warn!("opening a damaged volume, its loss accepted: {damage}");
+        }
         let needs_checkpoint = !sb.clean;
         let mut log = rec.log;
         if needs_checkpoint {
-            log.next_seq += SEQ_JUMP_AFTER_RECOVERY;
+            // Past every seq a flush mark has claimed, too: records lost
+            // below it must never be matched by new ones.
+            log.next_seq =
+                log.next_seq.max(mark.map_or(0, |m| m.flushed_seq)) + SEQ_JUMP_AFTER_RECOVERY;
         }
-        let vol = Self::assemble(storage, sb, log, rec.state, &rec.counters, open)?;
+        let mut counters = rec.counters.clone();
+        if !damage.is_empty() {
+            counters[Counter::DamagedOpens as usize] += 1;
+            counters[Counter::LostFlushedRecords as usize] += damage.lost_records();
+        }
+        let vol = Self::assemble(storage, sb, log, rec.state, &counters, open, mark, damage)?;
         *vol.inner.ckpt_history.lock() = CheckpointHistory {
             older_segments: older,
             prev_head_seq: rec.checkpoint_head_seq,
@@ -283,7 +368,7 @@ impl Volume {
             rebase_min_bytes: checkpoint::REBASE_MIN_BYTES,
         };
         if !vol.inner.read_only {
-            Self::settle_after_open(&vol, needs_checkpoint, rec.replayed)?;
+            Self::settle_after_open(&vol, needs_checkpoint, rec.replayed, rec.replay_end)?;
         }
         // Recovery read the whole map: down to its cache.
         vol.inner.trim_map();
@@ -306,11 +391,30 @@ impl Volume {
         Ok(vol)
     }
 
+    /// What opening the volume found damaged (empty for a volume created
+    /// by this process, or opened undamaged).
+    pub fn damage(&self) -> &RecoveryDamage {
+        &self.damage
+    }
+
     /// After recovery, before accepting writes: free what a crash left
     /// allocated, then checkpoint the replayed state (after a crash) or
     /// mark the volume in use.
-    fn settle_after_open(vol: &Volume, needs_checkpoint: bool, replayed: u64) -> Result<()> {
+    fn settle_after_open(
+        vol: &Volume,
+        needs_checkpoint: bool,
+        replayed: u64,
+        replay_end: u64,
+    ) -> Result<()> {
         recovery::punch_free(&vol.inner)?;
+        // A replayed record may end past the file (its last bytes zeros, on
+        // a page a power cut never wrote): zeros make the file hold it
+        // before the checkpoint names it (the checkpoint syncs first).
+        let len = vol.inner.storage.len()?;
+        if len < replay_end {
+            let zeros = vec![0u8; (replay_end - len) as usize];
+            vol.inner.storage.write_at(&zeros, len)?;
+        }
         if needs_checkpoint {
             tracing::info!(
                 replayed,
@@ -327,6 +431,7 @@ impl Volume {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn assemble(
         storage: Arc<dyn Storage>,
         sb: Superblock,
@@ -334,6 +439,8 @@ impl Volume {
         state: MapState,
         counters: &[u64],
         open: OpenOptions,
+        mark: Option<FlushMark>,
+        damage: RecoveryDamage,
     ) -> Result<Volume> {
         let engine = open.engine.clone().unwrap_or_else(|| {
             let n = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -359,6 +466,8 @@ impl Volume {
             )),
             sb: Mutex::new(sb),
             engine,
+            written_seq: Mutex::new((log.next_seq, log.head_offset)),
+            sync_lock: Mutex::new(Synced::new(log.next_seq, mark)),
             log: Mutex::new(log),
             state: RwLock::new(state),
             ranges: RangeLocks::default(),
@@ -366,7 +475,6 @@ impl Volume {
             gate: RwLock::new(()),
             write_out_lock: Mutex::new(()),
             written: std::sync::atomic::AtomicU64::new(0),
-            sync_lock: Mutex::new(0),
             ckpt_lock: Mutex::new(()),
             resize_lock: Mutex::new(()),
             ckpt_history: Mutex::new(CheckpointHistory {
@@ -413,6 +521,7 @@ impl Volume {
             maintenance,
             allocator,
             closed: false,
+            damage,
         })
     }
 
@@ -692,7 +801,9 @@ impl Volume {
 
     /// A point-in-time view of the counters and space.
     pub fn stats(&self) -> VolumeStats {
-        crate::stats::collect(&self.inner)
+        let mut s = crate::stats::collect(&self.inner);
+        s.damage_at_open = (!self.damage.is_empty()).then(|| self.damage.to_string());
+        s
     }
 
     /// Room for client data under the cap and the low-space warning: the

@@ -3,7 +3,9 @@
 //! ```text
 //! offset 0        superblock slot 0 (4 KiB)
 //! offset 4 KiB    superblock slot 1 (4 KiB)
-//! offset 8 KiB    unused, zero (reserved up to DATA_START)
+//! offset 8 KiB    flush mark slot 0 (4 KiB)
+//! offset 12 KiB   flush mark slot 1 (4 KiB)
+//! offset 16 KiB   unused, zero (reserved up to DATA_START)
 //! DATA_START      segment 0 | segment 1 | ... | segment N-1
 //!                 (each segment_size bytes; a segment holds either log
 //!                  records or a piece of a checkpoint, never both)
@@ -19,6 +21,14 @@ pub const SECTOR_SIZE: usize = 4096;
 pub const SUPERBLOCK_SIZE: usize = 4096;
 /// Number of superblock slots (written alternately, by generation parity).
 pub const SUPERBLOCK_SLOTS: u64 = 2;
+/// Where the flush marks start (`flush_mark.rs`): right after the
+/// superblock slots.
+pub const FLUSH_MARK_START: u64 = SUPERBLOCK_SIZE as u64 * SUPERBLOCK_SLOTS;
+/// Size of one flush mark slot (a page of its own, so that a torn write of
+/// one slot never touches the other or a superblock).
+pub const FLUSH_MARK_SLOT_SIZE: usize = 4096;
+/// Number of flush mark slots (written alternately).
+pub const FLUSH_MARK_SLOTS: u64 = 2;
 /// Where segment 0 starts.
 pub const DATA_START: u64 = 1 << 20;
 /// Alignment of log records inside a segment, in bytes.
@@ -42,7 +52,8 @@ pub const SEGMENT_SIZE_MAX: u64 = 1 << 30;
 /// Highest byte offset a map entry can address (40 bits of 16-byte units).
 pub const MAX_BACKING_BYTES: u64 = (1u64 << 40) * RECORD_ALIGN;
 
-const _: () = assert!(DATA_START >= SUPERBLOCK_SIZE as u64 * SUPERBLOCK_SLOTS);
+const _: () =
+    assert!(DATA_START >= FLUSH_MARK_START + FLUSH_MARK_SLOT_SIZE as u64 * FLUSH_MARK_SLOTS);
 const _: () = assert!(DATA_START.is_multiple_of(RECORD_ALIGN));
 const _: () = assert!((RECORD_HEADER_SIZE as u64).is_multiple_of(RECORD_ALIGN));
 const _: () = assert!((SHORT_HEADER_SIZE as u64).is_multiple_of(RECORD_ALIGN));

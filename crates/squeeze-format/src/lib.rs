@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod checkpoint_v1;
 pub mod checksum;
 pub mod codec_id;
+pub mod flush_mark;
 pub mod layout;
 mod le;
 pub mod map_entry;
@@ -18,6 +19,7 @@ pub use checkpoint::{
     MapRun, Piece, PieceHeader, PieceKind, PieceStream, PieceWriter, SegmentNote, CHUNK_ENTRIES,
 };
 pub use codec_id::CodecId;
+pub use flush_mark::FlushMark;
 pub use layout::*;
 pub use map_entry::MapEntry;
 pub use piece_decoder::{PieceDecoder, PieceHead};

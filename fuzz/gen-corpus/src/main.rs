@@ -23,6 +23,56 @@ fn main() {
     codec_decompress(&root.join("codec_decompress"));
     nbd_stream(&root.join("nbd_stream"));
     engine_ops(&root.join("engine_ops"));
+    volume_damage(&root.join("volume_damage"));
+}
+
+/// The damage matrix's cases (crates/squeeze-engine/tests/damage_matrix.rs)
+/// as `volume_damage` inputs, on the clean and on the crashed image: each
+/// superblock slot zeroed, randomised and partly zeroed, a flush mark slot,
+/// 4 KiB of random bytes in the middle of each of the first segments (the
+/// checkpoint and the log), bit flips, and the file cut at a segment
+/// boundary and inside a record.
+fn volume_damage(dir: &Path) {
+    const SEG: u32 = 512 << 10;
+    const DATA_START: u32 = 1 << 20;
+    // [op, off (u24 LE), len (u16 LE), val, 0]
+    let op = |code: u8, off: u32, len: u16, val: u8| -> [u8; 8] {
+        let o = off.to_le_bytes();
+        let l = len.to_le_bytes();
+        [code, o[0], o[1], o[2], l[0], l[1], val, 0]
+    };
+    const FILL: u8 = 0;
+    const RANDOM: u8 = 0x10;
+    const FLIP: u8 = 1;
+    const CUT: u8 = 2;
+    let mut cases: Vec<(String, Vec<[u8; 8]>)> = Vec::new();
+    for slot in 0..2u32 {
+        let at = slot * 4096;
+        cases.push((format!("superblock{slot}-zeroed"), vec![op(FILL, at, 4096, 0)]));
+        cases.push((format!("superblock{slot}-random"), vec![op(RANDOM, at, 4096, 7)]));
+        cases.push((format!("superblock{slot}-partly-zeroed"), vec![op(FILL, at + 64, 512, 0)]));
+        cases.push((format!("flush-mark{slot}"), vec![op(FILL, 8192 + at, 4096, 0xa5)]));
+    }
+    for seg in 0..6u32 {
+        let mid = DATA_START + seg * SEG + SEG / 2;
+        cases.push((format!("segment{seg}-middle"), vec![op(RANDOM, mid, 4096, seg as u8)]));
+        cases.push((format!("segment{seg}-flip"), vec![op(FLIP, mid + 100, 0, 3)]));
+    }
+    cases.push(("cut-at-a-segment".into(), vec![op(CUT, SEG, 0, 0)]));
+    cases.push(("cut-inside-a-record".into(), vec![op(CUT, 1000, 0, 0)]));
+    cases.push((
+        "both-superblocks".into(),
+        vec![op(FILL, 0, 4096, 0), op(RANDOM, 4096, 4096, 9)],
+    ));
+    for (image, first) in [("clean", 0u8), ("crashed", 1u8)] {
+        for (name, ops) in &cases {
+            let mut v = vec![first];
+            for o in ops {
+                v.extend_from_slice(o);
+            }
+            put(dir, &format!("{image}-{name}"), &v);
+        }
+    }
 }
 
 fn put(dir: &Path, name: &str, bytes: &[u8]) {

@@ -61,6 +61,10 @@ pub(super) struct Loaded {
     pub shape: ChainShape,
     /// Most RAM the map used while it loaded.
     pub peak_bytes: u64,
+    /// The end of the furthest record any run of the checkpoint names (a
+    /// run a later piece replaced included: the file never shrinks, so it
+    /// was at least this long once, and is unless it was cut).
+    pub max_record_end: u64,
 }
 
 pub(super) fn bad_checkpoint(why: String) -> EngineError {
@@ -85,15 +89,15 @@ pub(super) fn load(storage: &dyn Storage, sb: &Superblock, pager: &mut Pager) ->
         usage: Usage::default(),
         chain: None,
     };
-    let (position, shape, peak_bytes) = if sb.version == 1 {
+    let (position, shape, peak_bytes, max_record_end) = if sb.version == 1 {
         let stream = read_v1(storage, sb)?;
-        let position = load_v1(&stream, sb, &mut state)?;
+        let (position, max_end) = load_v1(&stream, sb, &mut state)?;
         let shape = ChainShape {
             base_bytes: stream.len() as u64,
             ..ChainShape::default()
         };
         let peak = state.map.memory_bytes();
-        (position, shape, peak)
+        (position, shape, peak, max_end)
     } else {
         state.chain = Some(ChainIndex {
             segments: sb.checkpoint.segments.clone(),
@@ -115,6 +119,7 @@ pub(super) fn load(storage: &dyn Storage, sb: &Superblock, pager: &mut Pager) ->
         position,
         shape,
         peak_bytes,
+        max_record_end,
     })
 }
 
@@ -124,7 +129,7 @@ fn load_chain(
     sb: &Superblock,
     st: &mut MapState,
     pager: &mut Pager,
-) -> Result<(CheckpointPosition, ChainShape, u64)> {
+) -> Result<(CheckpointPosition, ChainShape, u64, u64)> {
     let seg_size = u64::from(sb.segment_size);
     let max_segs = max_segments(sb);
     let len = sb.checkpoint.len;
@@ -139,6 +144,7 @@ fn load_chain(
     let mut buf = Vec::new();
     let mut runs: Vec<MapRun> = Vec::new();
     let mut peak = 0u64;
+    let mut max_end = 0u64;
     // Trim again only once the map grew past where the last trim left it
     // (chunks that cannot page out are not looked at over and over).
     let slack = (pager.cache / 16).max(16 << 10);
@@ -173,6 +179,9 @@ fn load_chain(
             for batch in runs.chunks(RUNS_BETWEEN_TRIMS) {
                 for &r in batch {
                     check_run(&r, seg_size, max_segs)?;
+                    if r.first.is_mapped() {
+                        max_end = max_end.max(r.first.record_offset() + r.first.record_len());
+                    }
                     index.push(&r);
                     match kind {
                         Some(PieceKind::Base) => {
@@ -225,7 +234,7 @@ fn load_chain(
             got: crc,
         }));
     }
-    Ok((position, shape, peak))
+    Ok((position, shape, peak, max_end))
 }
 
 /// A run of the base: added to the map (runs come in LBA order) and to
@@ -340,8 +349,9 @@ fn read_v1(storage: &dyn Storage, sb: &Superblock) -> Result<Vec<u8>> {
     Ok(stream)
 }
 
-/// Loads the map from a format 1 stream (dense chunks), then the usage.
-fn load_v1(stream: &[u8], sb: &Superblock, st: &mut MapState) -> Result<CheckpointPosition> {
+/// Loads the map from a format 1 stream (dense chunks), then the usage;
+/// also the end of the furthest record it names.
+fn load_v1(stream: &[u8], sb: &Superblock, st: &mut MapState) -> Result<(CheckpointPosition, u64)> {
     let max_segs = max_segments(sb);
     let seg_size = u64::from(sb.segment_size);
     let ck = CheckpointReader::decode(stream, &sb.uuid).map_err(EngineError::Metadata)?;
@@ -358,6 +368,7 @@ fn load_v1(stream: &[u8], sb: &Superblock, st: &mut MapState) -> Result<Checkpoi
         st.map.load_chunk(index, entries);
     }
     let usage = &mut st.usage;
+    let mut max_end = 0u64;
     st.map.for_each_run(
         |c, _| {
             Err(EngineError::Internal(format!(
@@ -367,15 +378,17 @@ fn load_v1(stream: &[u8], sb: &Superblock, st: &mut MapState) -> Result<Checkpoi
         |r| {
             let seg = segment_of(r.first.record_offset(), seg_size);
             usage.add_run(seg, r.first, r.sectors);
+            max_end = max_end.max(r.first.record_offset() + r.first.record_len());
         },
     )?;
-    Ok(CheckpointPosition {
+    let position = CheckpointPosition {
         generation: ck.header.generation,
         next_seq: ck.header.next_seq,
         head_offset: ck.header.head_offset,
         counters: ck.counters,
         notes: Vec::new(),
-    })
+    };
+    Ok((position, max_end))
 }
 
 /// A map entry points into the segments of the volume.

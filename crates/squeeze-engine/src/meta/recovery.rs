@@ -13,14 +13,19 @@
 //! | ... and there is none                                    | end of log: replay stops here       |
 //!
 //! Seqs never repeat over a volume's life, so every valid record of this
-//! volume with a seq at or above the checkpoint's was written after it:
-//! passing over a gap loses only the writes that had not completed (a killed
-//! process loses nothing it was told was written). A flush waits for every
-//! earlier write, so no gap ever precedes flushed data. After an unclean stop
+//! volume with a seq at or above the checkpoint's was written after it. A
+//! flush waits for every earlier write, so on an undamaged medium no gap
+//! precedes flushed data: a gap, or a log that ends, below the newest flush
+//! mark's seq (`meta::flush_marks`) is damage, and is reported as the loss
+//! of those flushed records (`damage::LostRecords`, with the LBAs of any
+//! whose header survived); above it, it is a write that never completed
+//! (nothing was promised), passed over. Replay goes on past a gap either
+//! way, so records after the damage are recovered. After an unclean stop
 //! the volume jumps its seqs by SEQ_JUMP_AFTER_RECOVERY and writes a fresh
 //! checkpoint, so records left behind can never be taken for new ones.
 
 use crate::counters::Counter;
+use crate::damage::{LostRecords, Truncation};
 use crate::error::Result;
 use crate::meta::load::{bad_checkpoint, load, ChainShape, Loaded};
 use crate::meta::pager::{ChainBytes, Pager};
@@ -28,8 +33,8 @@ use crate::space::{SegState, SegmentId, SegmentTable};
 use crate::state::{head_segment_of, max_segments, segment_of, Inner, LogState, MapState};
 use crate::storage::Storage;
 use squeeze_format::{
-    record::verify_payload, RecordHeader, RecordKind, RecordScan, Stride, Superblock, DATA_START,
-    RECORD_HEADER_SIZE, SHORT_HEADER_SIZE,
+    record::verify_payload, FlushMark, RecordHeader, RecordKind, RecordScan, Stride, Superblock,
+    DATA_START, RECORD_ALIGN, RECORD_HEADER_SIZE, SHORT_HEADER_SIZE,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -45,16 +50,37 @@ pub struct Recovered {
     pub chain: ChainShape,
     /// Most RAM the map used while the volume opened.
     pub map_peak_bytes: u64,
+    /// Flushed records replay could not find (by the flush mark).
+    pub lost: Vec<LostRecords>,
+    /// The file ends before a record the map or the log names.
+    pub truncated: Option<Truncation>,
+    /// The end of the furthest record replayed. A record whose last bytes
+    /// are zeros verifies even where the file ends before them (reads past
+    /// the end give zeros): the open extends the file over it before its
+    /// checkpoint names it (`Volume::open`), so that every record a
+    /// checkpoint names lies inside the file.
+    pub replay_end: u64,
+}
+
+/// A run of seqs replay passed over: `[from, to)` (`to` = u64::MAX: the
+/// log ended), met at byte `at`.
+struct Gap {
+    from: u64,
+    to: u64,
+    at: u64,
 }
 
 /// Rebuilds the state from `sb`'s checkpoint and the log after it; `older`
 /// are the previous checkpoint's segments (kept, not free). The map pages
-/// out beyond `map_cache` bytes as it loads and as the log replays.
+/// out beyond `map_cache` bytes as it loads and as the log replays. `mark`
+/// is the newest flush mark: seqs it covers that replay cannot find are
+/// reported lost.
 pub fn recover(
     storage: &dyn Storage,
     sb: &Superblock,
     older: &[SegmentId],
     map_cache: u64,
+    mark: Option<FlushMark>,
 ) -> Result<Recovered> {
     let seg_size = u64::from(sb.segment_size);
     let max_segs = max_segments(sb);
@@ -65,6 +91,7 @@ pub fn recover(
         position: ck,
         shape: chain,
         mut peak_bytes,
+        max_record_end,
     } = load(storage, sb, &mut pager)?;
     if ck.generation > sb.generation {
         return Err(bad_checkpoint(format!(
@@ -122,7 +149,10 @@ pub fn recover(
     let mut head_segment = head_segment_of(pos, seg_size);
     visited.insert(head_segment);
     let mut replayed = 0u64;
-    let mut skipped = 0u64;
+    let mut replay_end = 0u64;
+    let mut gaps: Vec<Gap> = Vec::new();
+    // Headers that survived in records whose payload did not: (seq, lba, sectors).
+    let mut named: Vec<(u64, u64, u32)> = Vec::new();
     let mut buf = Vec::new();
     // A clean close leaves nothing after the head.
     let mut more = !sb.clean;
@@ -141,43 +171,81 @@ pub fn recover(
             }
             counters[Counter::LogBytes as usize] += h.record_len();
             pos += h.record_len();
+            replay_end = replay_end.max(pos);
             expected += 1;
             replayed += 1;
             continue;
         }
-        // A gap (a record whose write never completed), or the end of this
-        // segment's records: continue with the valid record of the smallest
-        // seq above, here or at the start of another segment.
-        let here = scan_forward(storage, sb, head_segment, pos, expected)?;
+        // A gap (a record whose write never completed, or damage), or the
+        // end of this segment's records: continue with the valid record of
+        // the smallest seq above, here or at the start of another segment.
+        let here = scan_forward(storage, sb, head_segment, pos, expected, &mut named)?;
         let there = by_seq
             .range(expected..)
             .find(|(_, s)| !visited.contains(s))
             .map(|(q, s)| (*q, *s));
+        let gap_at = pos;
         match (here, there) {
             (Some((p, q)), t) if t.is_none_or(|(q2, _)| q < q2) => {
-                skipped += q - expected;
+                gaps.push(Gap {
+                    from: expected,
+                    to: q,
+                    at: gap_at,
+                });
                 pos = p;
                 expected = q;
             }
             (_, Some((q, s))) => {
-                skipped += q - expected;
+                gaps.push(Gap {
+                    from: expected,
+                    to: q,
+                    at: gap_at,
+                });
                 visited.insert(s);
                 head_segment = s;
                 pos = sb.segment_offset(s);
                 expected = q;
             }
-            (_, None) => more = false,
+            (_, None) => {
+                gaps.push(Gap {
+                    from: expected,
+                    to: u64::MAX,
+                    at: gap_at,
+                });
+                more = false;
+            }
         }
     }
     peak_bytes = peak_bytes.max(state.map.memory_bytes());
     counters[Counter::MapFaults as usize] += pager.faults;
     counters[Counter::MapEvictions as usize] += pager.evictions;
+    let skipped: u64 = gaps
+        .iter()
+        .filter(|g| g.to != u64::MAX)
+        .map(|g| g.to - g.from)
+        .sum();
     if skipped > 0 {
         tracing::info!(
             skipped,
-            "replay passed over records whose writes never completed before the crash"
+            "replay passed over records missing from the log (writes that never completed, \
+             unless a flush mark covers them)"
         );
     }
+    let lost = lost_records(&gaps, &named, ck.next_seq, mark);
+    // The file must hold every record the map names, and the log head at
+    // the newest flush mark where the mark is of records after the
+    // checkpoint. (Not every record replayed: one whose last bytes are
+    // zeros verifies when the file ends before them, as reads past the end
+    // give zeros; it is the unflushed tail a power cut left on a page
+    // boundary, and reads back right.)
+    let flushed_end = mark
+        .filter(|m| m.flushed_seq > ck.next_seq.max(m.epoch_seq))
+        .map_or(0, |m| m.flushed_end);
+    // Record ends (in the map, in the mark) are aligned: the content ends
+    // at most RECORD_ALIGN - 1 bytes before.
+    let content = |end: u64| end.saturating_sub(RECORD_ALIGN - 1);
+    let needed = content(max_record_end).max(content(flushed_end));
+    let truncated = (file_len < needed).then_some(Truncation { file_len, needed });
 
     // Segment states.
     let mut table = SegmentTable::new(max_segs);
@@ -228,7 +296,44 @@ pub fn recover(
         checkpoint_head_seq,
         chain,
         map_peak_bytes: peak_bytes,
+        lost,
+        truncated,
+        replay_end,
     })
+}
+
+/// The gaps that a flush mark covers: records of seqs in
+/// `[max(mark's epoch, checkpoint's next seq), mark's flushed seq)` were
+/// durable before the crash, so each one replay did not find is lost.
+fn lost_records(
+    gaps: &[Gap],
+    named: &[(u64, u64, u32)],
+    checkpoint_seq: u64,
+    mark: Option<FlushMark>,
+) -> Vec<LostRecords> {
+    let Some(m) = mark else { return Vec::new() };
+    let lo = m.epoch_seq.max(checkpoint_seq);
+    let hi = m.flushed_seq;
+    gaps.iter()
+        .filter_map(|g| {
+            let (from, to) = (g.from.max(lo), g.to.min(hi));
+            (from < to).then(|| {
+                let mut lbas: Vec<(u64, u32)> = named
+                    .iter()
+                    .filter(|(q, _, _)| (from..to).contains(q))
+                    .map(|&(_, lba, n)| (lba, n))
+                    .collect();
+                lbas.sort_unstable();
+                lbas.dedup();
+                LostRecords {
+                    first_seq: from,
+                    end_seq: to,
+                    log_offset: g.at,
+                    lbas,
+                }
+            })
+        })
+        .collect()
 }
 
 /// Reads the record at `pos` in segment `seg` if it is the valid record
@@ -278,16 +383,31 @@ fn read_record(
 /// least `min_seq`, as (offset, seq). Probes every record-aligned offset:
 /// headers and payloads are checksummed, and every record of this volume
 /// with such a seq was written after the checkpoint (seqs never repeat).
+///
+/// Records passed over whose header is intact but whose payload fails its
+/// checksum (or reaches past the volume) go to `named` as (seq, lba,
+/// sectors): damaged records whose sectors can be named.
 fn scan_forward(
     storage: &dyn Storage,
     sb: &Superblock,
     seg: SegmentId,
     pos: u64,
     min_seq: u64,
+    named: &mut Vec<(u64, u64, u32)>,
 ) -> Result<Option<(u64, u64)>> {
     let seg_size = u64::from(sb.segment_size);
     let seg_start = sb.segment_offset(seg);
     let seg_end = seg_start + seg_size;
+    // The record at `pos` itself, when its header survived.
+    let mut hdr = [0u8; RECORD_HEADER_SIZE];
+    let n = (seg_end.saturating_sub(pos)).min(RECORD_HEADER_SIZE as u64) as usize;
+    if n >= SHORT_HEADER_SIZE && storage.read_at(&mut hdr[..n], pos).is_ok() {
+        if let Ok(h) = RecordHeader::decode(&hdr[..n], &sb.uuid) {
+            if h.uuid == sb.uuid && h.seq >= min_seq && h.kind.has_payload() {
+                named.push((h.seq, h.lba, h.sectors));
+            }
+        }
+    }
     let from = squeeze_format::align_record(pos + 1);
     // Read in windows (a gap is usually followed closely by the next
     // record), each overlapping the next by a whole record.
@@ -309,10 +429,15 @@ fn scan_forward(
             .take_while(|r| r.offset < probe_end)
             .find(|r| {
                 let h = &r.header;
-                h.seq >= min_seq
-                    && h.kind != RecordKind::SegmentHeader
-                    && h.lba + u64::from(h.sectors) <= sb.sectors()
-                    && verify_payload(h, r.payload).is_ok()
+                if h.seq < min_seq || h.kind == RecordKind::SegmentHeader {
+                    return false;
+                }
+                let ok = h.lba + u64::from(h.sectors) <= sb.sectors()
+                    && verify_payload(h, r.payload).is_ok();
+                if !ok && h.kind.has_payload() {
+                    named.push((h.seq, h.lba, h.sectors));
+                }
+                ok
             });
         if let Some(r) = found {
             return Ok(Some((start + r.offset as u64, r.header.seq)));

@@ -420,6 +420,14 @@ impl Storage for FileStorage {
         }
     }
 
+    /// Through the page cache whatever the mode: a small write that needs
+    /// no device I/O of its own (the next fdatasync takes it along). The
+    /// write-behind pool never stages these pages, so no staged chunk
+    /// writes older bytes over them.
+    fn write_through(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(data, offset)
+    }
+
     fn sync(&self) -> io::Result<()> {
         self.write_out()?;
         self.file.sync_data()

@@ -31,6 +31,13 @@ pub trait Storage: Send + Sync {
     fn write_parts_at(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
         self.write_at(&parts.concat(), offset)
     }
+    /// Writes bytes straight to the file, past any staging in memory: they
+    /// survive the process's death once this returns, and are durable after
+    /// the next `sync` like any write. Only for bytes that nothing else
+    /// writes through the staging (the flush marks' own pages).
+    fn write_through(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.write_at(data, offset)
+    }
     /// Makes every completed write durable (fdatasync).
     fn sync(&self) -> io::Result<()>;
     /// The first half of `sync`: hands every completed write that the store

@@ -186,6 +186,28 @@ impl SimStorage {
     }
 }
 
+impl SimStorage {
+    /// Overwrites bytes in both images (damage on the medium: a stray
+    /// `dd`, a bad copy); past the end the image grows.
+    pub fn overwrite(&self, offset: u64, data: &[u8]) {
+        let mut g = self.inner.lock();
+        let g = &mut *g;
+        for img in [&mut g.live, &mut g.durable] {
+            put(img, offset, data);
+        }
+    }
+
+    /// Cuts both images to `len` bytes (`truncate -s`).
+    pub fn truncate(&self, len: u64) {
+        let mut g = self.inner.lock();
+        let g = &mut *g;
+        for img in [&mut g.live, &mut g.durable] {
+            img.truncate(len as usize);
+        }
+        g.allocated_end = g.allocated_end.min(len);
+    }
+}
+
 fn put(img: &mut Vec<u8>, offset: u64, data: &[u8]) {
     let end = offset as usize + data.len();
     if img.len() < end {
@@ -458,6 +480,10 @@ impl Storage for SimWriteBehind {
 
     fn write_parts_at(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
         self.direct.write(parts, offset)
+    }
+
+    fn write_through(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.disk().write_at(data, offset)
     }
 
     fn sync(&self) -> io::Result<()> {

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# bench/flush_cost.sh — what a change costs the flush path, A/B in one run
+# (issue 34: the flush marks). Two builds of squeeze, BEFORE and AFTER,
+# measured in turn (REPS rounds, alternating, so drift hits both):
+#
+#   1. pg_test_fsync through the FUSE export: `squeeze serve --fuse-dir
+#      --prewrite` -> loop device -> ext4 -> pg_test_fsync (one 8 KiB
+#      write + fdatasync, one process): what one PostgreSQL WAL commit costs;
+#   2. `squeeze wal bench --sizes 128 --threads 1,8`: the engine's own
+#      commits of 128 B (write + flush), no FUSE, dense and sparse layouts;
+#   3. pg_test_fsync on the plain file system under the volumes: one
+#      fdatasync of this disk, the yardstick ("small against one fdatasync").
+#
+# Usage: sudo BEFORE=path/to/squeeze AFTER=path/to/squeeze bench/flush_cost.sh
+# Env:   OUT (default results/flush_cost-DATE), REPS (default 3),
+#        SECS (pg_test_fsync seconds per test, default 3), DIR (scratch,
+#        default a temp dir under /var/tmp: the file system measured).
+# Writes OUT/results.jsonl (one line per measurement) and OUT/table.md.
+# Takes /tmp/bench.lock for the whole run.
+set -euo pipefail
+SQ_PROG=flush_cost
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+
+[[ $(id -u) == 0 ]] || sq_die "needs root (loop devices, mount)"
+: "${BEFORE:?BEFORE=path to the squeeze binary before the change}"
+: "${AFTER:?AFTER=path to the squeeze binary after the change}"
+REPS=${REPS:-3}
+SECS=${SECS:-3}
+OUT=${OUT:-$SQ_ROOT/results/flush_cost-$(date +%Y%m%d-%H%M%S)}
+PG_TEST_FSYNC=${PG_TEST_FSYNC:-$(ls /usr/lib/postgresql/*/bin/pg_test_fsync 2>/dev/null | tail -n1)}
+[[ -x ${PG_TEST_FSYNC:-} ]] || sq_die "pg_test_fsync not found (apt-get install postgresql)"
+for t in losetup mkfs.ext4 fusermount3 python3; do
+  command -v "$t" >/dev/null || sq_die "$t not installed"
+done
+mkdir -p "$OUT"
+DIR=${DIR:-$(mktemp -d /var/tmp/flush_cost.XXXXXX)}
+BIN=$AFTER sq_machine "$OUT/machine.txt" "$DIR"
+
+exec 9>/tmp/bench.lock
+sq_log "waiting for /tmp/bench.lock"
+flock 9
+
+# usecs/op of the first fdatasync line of pg_test_fsync's output.
+fdatasync_us() { awk '/fdatasync/ && /usecs\/op/ { for (i = 1; i <= NF; i++) if ($i == "usecs/op") { print $(i-1); exit } }'; }
+
+result() { # result NAME BUILD METRIC VALUE
+  printf '{"bench":"flush_cost","case":"%s","build":"%s","metric":"%s","value":%s}\n' "$1" "$2" "$3" "$4" >>"$OUT/results.jsonl"
+  sq_log "$1 $2 $3 = $4"
+}
+
+SERVE_PID=
+LOOP=
+cleanup() {
+  mountpoint -q "$DIR/mnt" 2>/dev/null && umount "$DIR/mnt"
+  [[ -n $LOOP ]] && losetup -d "$LOOP" 2>/dev/null
+  LOOP=
+  if [[ -n $SERVE_PID ]]; then
+    kill -TERM "$SERVE_PID" 2>/dev/null || true
+    wait "$SERVE_PID" 2>/dev/null || true
+  fi
+  SERVE_PID=
+  rm -f "$DIR/vol.sqz"
+}
+trap 'cleanup; rm -rf "$DIR"' EXIT
+
+fuse_pg_test_fsync() { # BUILD BIN
+  local build=$1 bin=$2 us
+  mkdir -p "$DIR/fuse" "$DIR/mnt"
+  "$bin" serve --socket "$DIR/nbd.sock" --control "$DIR/ctl" --size 4G --fuse-dir "$DIR/fuse" \
+    --prewrite "$DIR/vol.sqz" >"$OUT/serve-$build.log" 2>&1 &
+  SERVE_PID=$!
+  for _ in $(seq 300); do [[ -e $DIR/fuse/vol ]] && break; sleep 0.1; done
+  [[ -e $DIR/fuse/vol ]] || sq_die "the FUSE export did not appear ($OUT/serve-$build.log)"
+  LOOP=$(losetup -f --show "$DIR/fuse/vol")
+  mkfs.ext4 -q -E nodiscard "$LOOP"
+  mount "$LOOP" "$DIR/mnt"
+  us=$("$PG_TEST_FSYNC" -s "$SECS" -f "$DIR/mnt/probe" | tee "$OUT/pg_test_fsync-fuse-$build.txt" | fdatasync_us)
+  result fuse_pg_test_fsync "$build" fdatasync_usecs_per_op "$us"
+  cleanup
+}
+
+wal_bench() { # BUILD BIN
+  local build=$1 bin=$2
+  "$bin" wal bench --dir "$DIR" --sizes 128 --threads 1,8 --json \
+    >"$OUT/wal-$build.json"
+  python3 - "$OUT/wal-$build.json" "$build" >>"$OUT/results.jsonl" <<'EOF'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    for k in ("commits_per_second", "latency_us_p50", "latency_us_p99"):
+        print(json.dumps({"bench": "flush_cost",
+                          "case": f"wal_{r['layout']}_{r['record_bytes']}B_{r['threads']}t",
+                          "build": sys.argv[2], "metric": k, "value": r[k]}))
+EOF
+}
+
+for rep in $(seq "$REPS"); do
+  for build in before after; do
+    bin=$BEFORE
+    [[ $build == after ]] && bin=$AFTER
+    sq_log "round $rep/$REPS: $build ($bin)"
+    fuse_pg_test_fsync "$build" "$bin"
+    wal_bench "$build" "$bin"
+  done
+  us=$("$PG_TEST_FSYNC" -s "$SECS" -f "$DIR/plain_probe" | fdatasync_us)
+  result plain_pg_test_fsync host fdatasync_usecs_per_op "$us"
+  rm -f "$DIR/plain_probe"
+done
+
+python3 - "$OUT/results.jsonl" >"$OUT/table.md" <<'EOF'
+import json, statistics, sys, collections
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = collections.defaultdict(list)
+for r in rows:
+    by[(r["case"], r["metric"], r["build"])].append(r["value"])
+cases = sorted({(c, m) for c, m, _ in by})
+print("| case | metric | before (median) | after (median) | after / before | plain file fdatasync |")
+print("|---|---|---:|---:|---:|---:|")
+plain = by.get(("plain_pg_test_fsync", "fdatasync_usecs_per_op", "host"))
+plain_s = f"{statistics.median(plain):.0f} us" if plain else "-"
+for c, m in cases:
+    b, a = by.get((c, m, "before")), by.get((c, m, "after"))
+    if not b or not a:
+        continue
+    mb, ma = statistics.median(b), statistics.median(a)
+    print(f"| {c} | {m} | {mb:.1f} | {ma:.1f} | {ma / mb:.3f} | {plain_s} |")
+EOF
+cat "$OUT/table.md"
+sq_log "results in $OUT"

@@ -1,0 +1,76 @@
+//! Flush marks at run time and at open (`squeeze_format::flush_mark` has
+//! the layout): after each fdatasync of a client flush, the seq below
+//! which every record of this open is durable goes to the next of the two
+//! mark slots, through the page cache (`Storage::write_through`), before the
+//! flush returns. Recovery reads the newest mark: a record missing below
+//! its seq was flushed, so its absence is damage, never a torn tail.
+//!
+//! Cost on the flush path: one pwrite of 72 bytes into the page cache per
+//! flush that made new records durable; the page goes to the device with
+//! the next fdatasync (docs/benchmarks.md, "Flush marks").
+
+use crate::storage::Storage;
+use squeeze_format::flush_mark::{FlushMark, FLUSH_MARK_LEN};
+use squeeze_format::{FLUSH_MARK_SLOTS, FLUSH_MARK_SLOT_SIZE, FLUSH_MARK_START};
+use std::io;
+
+/// What the flushes of this open have made durable (held under the
+/// flush's second stage lock, `Inner::sync_lock`).
+#[derive(Debug)]
+pub(crate) struct Synced {
+    /// Every record of a ticket below this is durable.
+    pub ticket: u64,
+    /// The mark last written: marks written so far, and the seq it claimed.
+    pub count: u64,
+    pub marked_seq: u64,
+    /// The first seq of this open: records below it belong to an earlier
+    /// open and are covered by its checkpoint, not by these marks.
+    pub epoch_seq: u64,
+}
+
+impl Synced {
+    /// The state of a volume opened with its log's next seq at `epoch_seq`,
+    /// after the mark `last` (the newest on disk, if any).
+    pub fn new(epoch_seq: u64, last: Option<FlushMark>) -> Synced {
+        Synced {
+            ticket: 0,
+            count: last.map_or(0, |m| m.count + 1),
+            marked_seq: epoch_seq,
+            epoch_seq,
+        }
+    }
+}
+
+/// The newest valid mark of volume `uuid` (None: no mark, or none intact).
+pub(crate) fn read(storage: &dyn Storage, uuid: &[u8; 16]) -> io::Result<Option<FlushMark>> {
+    let mut area = vec![0u8; FLUSH_MARK_SLOTS as usize * FLUSH_MARK_SLOT_SIZE];
+    storage.read_at(&mut area, FLUSH_MARK_START)?;
+    Ok(FlushMark::newest(&area, uuid))
+}
+
+/// Records that every record of this open with a seq below `flushed_seq`
+/// is durable (an fdatasync that began after they were written returned).
+/// Nothing is written when the last mark already says as much.
+/// `flushed_end` is the log head when `flushed_seq` was the next seq.
+pub(crate) fn mark(
+    storage: &dyn Storage,
+    uuid: &[u8; 16],
+    synced: &mut Synced,
+    (flushed_seq, flushed_end): (u64, u64),
+) -> io::Result<()> {
+    if flushed_seq <= synced.marked_seq {
+        return Ok(());
+    }
+    let m = FlushMark {
+        uuid: *uuid,
+        count: synced.count,
+        epoch_seq: synced.epoch_seq,
+        flushed_seq,
+        flushed_end,
+    };
+    let bytes: [u8; FLUSH_MARK_LEN] = m.encode();
+    storage.write_through(&bytes, m.offset())?;
+    synced.count += 1;
+    synced.marked_seq = flushed_seq;
+    Ok(())
+}

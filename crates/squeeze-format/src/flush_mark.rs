@@ -1,0 +1,177 @@
+//! Flush marks: the durable record of what the clients' flushes made
+//! durable, so that recovery can tell a torn tail of writes nobody was
+//! promised (passed over) from flushed records that are gone (damage,
+//! reported). Two 4 KiB slots after the superblocks, written alternately
+//! (slot = count % 2) after each fdatasync of a client flush, through the
+//! page cache and without a sync of their own: a mark survives the
+//! process's death at once and a power cut from the next fdatasync on, and
+//! a mark only ever claims an fdatasync that had returned.
+//!
+//! ```text
+//! byte  0  magic        [8]  "SQZFLUSH"
+//!       8  version      u32  1
+//!      12  reserved     u32  0
+//!      16  uuid         [16] the volume's
+//!      32  count        u64  marks written over the volume's life; slot = count % 2
+//!      40  epoch_seq    u64  the first seq of this open of the volume
+//!      48  flushed_seq  u64  every record with epoch_seq <= seq < flushed_seq
+//!                            was durable when this mark was written
+//!      56  flushed_end  u64  the log head then (just past record
+//!                            flushed_seq - 1): the file reaches at least here
+//!      64  crc          u32  CRC-32C of bytes 0..64
+//!      68  reserved     u32  0; the rest of the slot is zero
+//! ```
+
+use crate::layout::{FLUSH_MARK_SLOTS, FLUSH_MARK_SLOT_SIZE, FLUSH_MARK_START};
+use crate::le::{get_u32, get_u64, put_u32, put_u64};
+use crate::{checksum, FormatError};
+
+pub const FLUSH_MARK_MAGIC: [u8; 8] = *b"SQZFLUSH";
+/// The flush mark layout this build writes and reads.
+pub const FLUSH_MARK_VERSION: u32 = 1;
+/// Bytes of a mark that carry anything (the rest of its slot is zero).
+pub const FLUSH_MARK_LEN: usize = 72;
+
+/// What one mark says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlushMark {
+    pub uuid: [u8; 16],
+    pub count: u64,
+    pub epoch_seq: u64,
+    pub flushed_seq: u64,
+    pub flushed_end: u64,
+}
+
+impl FlushMark {
+    /// Byte offset of this mark's slot in the backing file.
+    pub fn offset(&self) -> u64 {
+        slot_offset(self.count % FLUSH_MARK_SLOTS)
+    }
+
+    pub fn encode(&self) -> [u8; FLUSH_MARK_LEN] {
+        let mut b = [0u8; FLUSH_MARK_LEN];
+        b[0..8].copy_from_slice(&FLUSH_MARK_MAGIC);
+        put_u32(&mut b, 8, FLUSH_MARK_VERSION);
+        b[16..32].copy_from_slice(&self.uuid);
+        put_u64(&mut b, 32, self.count);
+        put_u64(&mut b, 40, self.epoch_seq);
+        put_u64(&mut b, 48, self.flushed_seq);
+        put_u64(&mut b, 56, self.flushed_end);
+        let crc = checksum::crc32c(&b[..64]);
+        put_u32(&mut b, 64, crc);
+        b
+    }
+
+    /// Decodes a mark from the first bytes of a slot. An all-zero slot
+    /// (never written) is `BadMagic`, as is anything else that is not a
+    /// mark.
+    pub fn decode(b: &[u8]) -> Result<FlushMark, FormatError> {
+        if b.len() < FLUSH_MARK_LEN {
+            return Err(FormatError::Truncated {
+                what: "flush mark",
+                need: FLUSH_MARK_LEN,
+                have: b.len(),
+            });
+        }
+        if b[0..8] != FLUSH_MARK_MAGIC {
+            return Err(FormatError::BadMagic { what: "flush mark" });
+        }
+        let expected = get_u32(b, 64);
+        let got = checksum::crc32c(&b[..64]);
+        if expected != got {
+            return Err(FormatError::ChecksumMismatch {
+                what: "flush mark",
+                expected,
+                got,
+            });
+        }
+        let version = get_u32(b, 8);
+        if version != FLUSH_MARK_VERSION {
+            return Err(FormatError::UnsupportedVersion {
+                found: version,
+                supported: FLUSH_MARK_VERSION,
+            });
+        }
+        let m = FlushMark {
+            uuid: b[16..32].try_into().expect("16 bytes"),
+            count: get_u64(b, 32),
+            epoch_seq: get_u64(b, 40),
+            flushed_seq: get_u64(b, 48),
+            flushed_end: get_u64(b, 56),
+        };
+        if get_u32(b, 12) != 0 || get_u32(b, 68) != 0 || m.flushed_seq < m.epoch_seq {
+            return Err(FormatError::Invalid {
+                what: "flush mark",
+                why: "reserved bits set or flushed seq below its epoch".into(),
+            });
+        }
+        Ok(m)
+    }
+
+    /// The newest valid mark of volume `uuid` among the slots' bytes
+    /// (`FLUSH_MARK_SLOTS` slots of `FLUSH_MARK_SLOT_SIZE` bytes from
+    /// `FLUSH_MARK_START`): the one that claims the most. Another volume's
+    /// marks and damaged slots are passed over.
+    pub fn newest(area: &[u8], uuid: &[u8; 16]) -> Option<FlushMark> {
+        (0..FLUSH_MARK_SLOTS as usize)
+            .filter_map(|s| area.get(s * FLUSH_MARK_SLOT_SIZE..))
+            .filter_map(|b| FlushMark::decode(b).ok())
+            .filter(|m| &m.uuid == uuid)
+            .max_by_key(|m| (m.flushed_seq, m.count))
+    }
+}
+
+/// Byte offset of flush mark slot `slot`.
+pub fn slot_offset(slot: u64) -> u64 {
+    FLUSH_MARK_START + slot * FLUSH_MARK_SLOT_SIZE as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(count: u64, flushed: u64) -> FlushMark {
+        FlushMark {
+            uuid: [7; 16],
+            count,
+            epoch_seq: 10,
+            flushed_seq: flushed,
+            flushed_end: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn round_trip_and_every_flipped_bit_is_refused() {
+        let m = mark(5, 99);
+        let b = m.encode();
+        assert_eq!(FlushMark::decode(&b), Ok(m));
+        for byte in 0..FLUSH_MARK_LEN {
+            for bit in 0..8 {
+                let mut c = b;
+                c[byte] ^= 1 << bit;
+                assert!(FlushMark::decode(&c).is_err(), "byte {byte} bit {bit}");
+            }
+        }
+        assert!(FlushMark::decode(&[0u8; FLUSH_MARK_LEN]).is_err());
+        assert!(FlushMark::decode(&b[..FLUSH_MARK_LEN - 1]).is_err());
+    }
+
+    #[test]
+    fn newest_takes_the_highest_claim_of_this_volume() {
+        let mut area = vec![0u8; FLUSH_MARK_SLOTS as usize * FLUSH_MARK_SLOT_SIZE];
+        assert_eq!(FlushMark::newest(&area, &[7; 16]), None);
+        let (a, b) = (mark(4, 50), mark(5, 60));
+        let put = |area: &mut Vec<u8>, m: &FlushMark| {
+            let at = (m.offset() - FLUSH_MARK_START) as usize;
+            area[at..at + FLUSH_MARK_LEN].copy_from_slice(&m.encode());
+        };
+        put(&mut area, &a);
+        put(&mut area, &b);
+        assert_eq!(FlushMark::newest(&area, &[7; 16]), Some(b));
+        assert_eq!(FlushMark::newest(&area, &[8; 16]), None);
+        // The newest slot torn: the older mark still answers.
+        let at = (b.offset() - FLUSH_MARK_START) as usize;
+        area[at + 40] ^= 1;
+        assert_eq!(FlushMark::newest(&area, &[7; 16]), Some(a));
+    }
+}
