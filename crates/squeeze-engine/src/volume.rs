@@ -74,7 +74,7 @@ impl CreateOptions {
 
 /// The default policy: zstd level 3 (zstd's, qemu's and Ceph's default
 /// level), aggressive, BlueStore's 0.875 required ratio, blobs of 4 to 128
-/// KiB. Measured here over NBD in one harness run (docs/benchmarks.md): on
+/// KiB. Measured here over NBD in one harness run (docs/benchmarks-history.md): on
 /// the benchmark tar of real files it stores 2.70:1 where qemu's compressed
 /// qcow2 (zstd, 64 KiB clusters) stores 2.67:1 and zstd:1 with 64 KiB blobs
 /// 2.57:1; on fio's data zstd:3 costs zstd:1's time (both ~850 MB/s per

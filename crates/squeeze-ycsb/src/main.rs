@@ -87,7 +87,7 @@ fn main() -> Result<()> {
 /// arena after they are freed (glibc otherwise raises that threshold to the
 /// largest buffer freed, up to 32 MiB, and a freed checkpoint piece or
 /// segment buffer stays resident). On the 5 M-record squeeze-kv load this
-/// took peak RSS from 91 to 81 MiB (docs/benchmarks.md).
+/// took peak RSS from 91 to 81 MiB (docs/benchmarks-history.md).
 fn tune_allocator() {
     // SAFETY: mallopt with plain integer arguments, before any thread starts.
     unsafe {

@@ -56,7 +56,7 @@ use std::time::Instant;
 /// lz4 already). Storing raw is not a rung: lz4 still stores the W3 tar at
 /// about 2.1:1 at several hundred MB/s per core, and raw records would
 /// cost the device more than twice the bytes while the ratio in a burst
-/// fell to 1 (measured: docs/benchmarks.md, issue 16). A target of none or
+/// fell to 1 (measured: docs/benchmarks-history.md, issue 16). A target of none or
 /// lz4 has no ladder.
 pub fn ladder(target: Algorithm) -> Vec<Algorithm> {
     let mut rungs = vec![target];
@@ -140,7 +140,7 @@ pub const LAW_DEFAULT: Law = Law {
 /// it has been at most 75% for the up-hold (1 s at first, up to 10 s after
 /// failed probes). Writers up to three quarters of what the target
 /// sustains keep it; at 0.8-0.85x the cores are 85-92% busy and the law
-/// steps down for part of the run (docs/benchmarks.md, "CPU headroom").
+/// steps down for part of the run (docs/benchmarks-history.md, "CPU headroom").
 pub const HEADROOM_LAW: Law = Law {
     tau_ns: 100 * MS,
     down_at: 0.95,

@@ -110,7 +110,7 @@ impl Item {
 /// writer cost more than on a worker, since the writer's own work between
 /// jobs (splitting, copying records into the log, the map) evicts its
 /// codec's tables from the core's cache. Measured with perf over
-/// `squeeze bench` passes (docs/benchmarks.md, session 5): the engine's
+/// `squeeze bench` passes (docs/benchmarks-history.md, session 5): the engine's
 /// codec time fell from 1.04 to 0.90-0.98 of the raw codec's on the same
 /// blobs, and the engine's whole CPU per GiB from 1.18-1.19 to 1.04-1.16
 /// times raw's (four runs against two).

@@ -10,7 +10,7 @@
 //! that extends the file waits for the direct writes in flight
 //! (`inode_dio_wait`), about 0.3 ms here, while the other writers queued on
 //! the log lock and the compression workers ran dry (perf sched: a third of
-//! the CPU idle time of an engine write, docs/benchmarks.md). So a volume
+//! the CPU idle time of an engine write, docs/benchmarks-history.md). So a volume
 //! opened with background threads keeps the head segment allocated up to
 //! ALLOC_AHEAD past the head from a thread of its own, `sqz-allocate`:
 //! `reserve` posts a request once less than half of that is left, and the

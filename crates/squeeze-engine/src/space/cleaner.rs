@@ -64,7 +64,7 @@ pub const VICTIM_LIVE_MAX_TIGHT: f64 = 0.98;
 /// freed, and the more garbage the log may keep, the emptier its victims:
 /// on ext4 under fsx and fsstress a budget of 15% made the cleaner copy
 /// 2.3 bytes per compressed byte clients wrote, 50% 0.42
-/// (docs/benchmarks.md, "The garbage budget").
+/// (docs/benchmarks-history.md, "The garbage budget").
 ///
 /// - While clients write, the cleaner starts once dead bytes exceed the
 ///   budget's share of the sealed log segments and takes victims below

@@ -5,7 +5,7 @@
 //! Why: written through the page cache, every MiB of log costs 256 fresh
 //! page-cache pages. On a virtual machine whose host has reclaimed free guest
 //! memory, each of those is a hypervisor fault, and writes ran at half the
-//! device's speed (docs/benchmarks.md). The pool's buffers are allocated once
+//! device's speed (docs/benchmarks-history.md). The pool's buffers are allocated once
 //! and reused, and a 1 MiB direct write converts ext4's unwritten extents
 //! once per MiB instead of once per record.
 //!
