@@ -171,3 +171,72 @@ fn a_garbage_budget_out_of_range_is_refused() {
     }
     assert!(!std::path::Path::new(v).exists());
 }
+
+/// The settings `info --json` shows of a volume file: (algorithm, mode,
+/// required ratio, max_physical).
+fn file_settings(v: &str) -> (String, String, f64, u64) {
+    let info: serde_json::Value =
+        serde_json::from_str(&squeeze_ok(&["info", v, "--json"])).unwrap();
+    (
+        info["policy"]["algorithm"].as_str().unwrap().to_string(),
+        info["policy"]["mode"].as_str().unwrap().to_string(),
+        info["policy"]["required_ratio"].as_f64().unwrap(),
+        info["max_physical"].as_u64().unwrap(),
+    )
+}
+
+/// A `set` applies all of its changes or none, on a volume file and through
+/// a running server's control socket: a refused cap leaves the policy given
+/// with it unapplied, a refused policy the cap.
+#[test]
+fn a_refused_set_changes_nothing() {
+    let w = Workdir::new();
+    w.create("64M", &["--segment-size", "1M"]);
+    let v = w.volume();
+    let v = v.to_str().unwrap();
+    let before = file_settings(v);
+    assert_eq!(before, ("zstd:3".into(), "aggressive".into(), 0.875, 0));
+    let refused: [&[&str]; 3] = [
+        &["--algorithm", "zstd:1", "--max-physical", "1M"],
+        &[
+            "--mode",
+            "force",
+            "--max-physical",
+            "32M",
+            "--max-blob",
+            "1M",
+        ],
+        &["--max-physical", "32M", "--algorithm", "brotli"],
+    ];
+    for args in refused {
+        let e = squeeze_err(&[&["set", v][..], args].concat());
+        assert!(
+            e.contains("at least 4 segments") || e.contains("max_blob") || e.contains("brotli"),
+            "{args:?}: {e}"
+        );
+        assert_eq!(file_settings(v), before, "offline set {args:?}");
+    }
+
+    let srv = Serve::start(&w, &[]);
+    let ctl = srv.control.to_str().unwrap().to_string();
+    let live_before = live_stats(&srv);
+    for args in refused {
+        let e = squeeze_err(&[&["set", &ctl][..], args].concat());
+        assert!(
+            e.contains("at least 4 segments") || e.contains("max_blob") || e.contains("brotli"),
+            "{args:?}: {e}"
+        );
+        let live = live_stats(&srv);
+        for k in ["write_algorithm", "physical_limit_bytes"] {
+            assert_eq!(live[k], live_before[k], "live set {args:?}: {k}");
+        }
+    }
+    // What a refused set would have applied still works on its own.
+    let out = squeeze_ok(&["set", &ctl, "--algorithm", "zstd:1"]);
+    assert!(out.contains("algorithm zstd:1"), "{out}");
+    srv.stop();
+    assert_eq!(
+        file_settings(v),
+        ("zstd:1".into(), "aggressive".into(), 0.875, 0)
+    );
+}

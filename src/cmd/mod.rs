@@ -51,6 +51,16 @@ pub struct PolicyArgs {
 }
 
 impl PolicyArgs {
+    /// Whether any option is given (a `set` with none changes no policy).
+    pub fn given(&self) -> bool {
+        self.algorithm.is_some()
+            || self.mode.is_some()
+            || self.required_ratio.is_some()
+            || self.min_blob.is_some()
+            || self.max_blob.is_some()
+            || self.recompress.is_some()
+    }
+
     pub fn apply(&self, mut p: Policy) -> Result<Policy> {
         if let Some(a) = &self.algorithm {
             let alg = Algorithm::parse(a)?;

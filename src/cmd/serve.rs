@@ -818,16 +818,13 @@ fn control_request(
         "stats" => Ok(stats_json(devs, srv)),
         "set" => {
             let (name, dev) = pick()?;
-            if req.policy.is_none() && req.max_physical.is_none() {
+            let policy = req.policy.as_ref().filter(|p| p.given());
+            if policy.is_none() && req.max_physical.is_none() {
                 bail!("set: nothing to change");
             }
-            if let Some(p) = &req.policy {
-                let policy = p.apply(dev.vol.policy())?;
-                dev.vol.set_policy(policy)?;
-            }
-            if let Some(m) = req.max_physical {
-                dev.vol.set_max_physical(m)?;
-            }
+            // All or nothing: every change is checked before any is made.
+            let policy = policy.map(|p| p.apply(dev.vol.policy())).transpose()?;
+            dev.vol.set_settings(policy, req.max_physical)?;
             tracing::info!(volume = %name, "settings changed through the control socket");
             Ok(serde_json::json!({
                 "ok": true,

@@ -456,17 +456,69 @@ impl Volume {
 
     /// Changes the policy for future writes and records it durably.
     pub fn set_policy(&self, policy: Policy) -> Result<()> {
-        policy
-            .validate()
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        self.set_settings(Some(policy), None)
+    }
+
+    /// Changes the policy for future writes and the cap on the backing
+    /// file's allocated bytes (see [`Volume::set_max_physical`]), either or
+    /// both, all or nothing: every change is checked before any is made,
+    /// and one superblock (written to both slots, as for
+    /// [`Volume::resize`]) records them together. On a volume in use as
+    /// well.
+    pub fn set_settings(&self, policy: Option<Policy>, max_physical: Option<u64>) -> Result<()> {
+        if let Some(p) = &policy {
+            p.validate()
+                .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        }
+        let _one = self.inner.resize_lock.lock();
+        let seg = self.inner.seg_size;
+        if let Some(bytes) = max_physical.filter(|&b| b != 0 && b < DATA_START + 4 * seg) {
+            return Err(EngineError::Invalid(format!(
+                "max-physical {bytes}: at least 4 segments ({} bytes) are needed",
+                DATA_START + 4 * seg
+            )));
+        }
         self.inner.writable()?;
         let _one = self.inner.ckpt_lock.lock();
+        let mut log = self.inner.log.lock();
         let mut sb = self.inner.sb.lock();
-        sb.policy = policy;
-        sbio::write(&*self.inner.storage, &mut sb).inspect_err(|e| self.inner.poison(e))?;
-        let mut active = self.inner.policy.write();
-        let adapt = active.adapt.as_ref().map(|a| a.config());
-        *active = ActivePolicy::with_adaptation(policy, adapt);
+        let mut next = sb.clone();
+        if let Some(p) = policy {
+            next.policy = p;
+        }
+        if let Some(bytes) = max_physical {
+            next.max_physical = bytes;
+        }
+        next.validate()
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let cap = max_segments(&next);
+        if let Some(bytes) = max_physical {
+            if let Some(s) = log.table.first_used_from(cap) {
+                return Err(EngineError::Invalid(format!(
+                    "cannot cap the backing file at {bytes} bytes: segment {s} (byte {}) past \
+                     the cap is in use (squeeze compact moves data down first)",
+                    sb.segment_offset(s)
+                )));
+            }
+        }
+        for _ in 0..2 {
+            sbio::write(&*self.inner.storage, &mut next).inspect_err(|e| self.inner.poison(e))?;
+        }
+        if max_physical.is_some() {
+            log.table.set_cap(cap);
+            tracing::info!(
+                from = sb.max_physical,
+                to = next.max_physical,
+                "max-physical changed"
+            );
+        }
+        drop(log);
+        if let Some(p) = policy {
+            let mut active = self.inner.policy.write();
+            let adapt = active.adapt.as_ref().map(|a| a.config());
+            *active = ActivePolicy::with_adaptation(p, adapt);
+        }
+        *sb = next;
         Ok(())
     }
 
@@ -532,37 +584,7 @@ impl Volume {
     /// first); segments past it that are free are forgotten. Both superblock
     /// slots are rewritten, as for [`Volume::resize`].
     pub fn set_max_physical(&self, bytes: u64) -> Result<()> {
-        let _one = self.inner.resize_lock.lock();
-        let seg = self.inner.seg_size;
-        if bytes != 0 && bytes < DATA_START + 4 * seg {
-            return Err(EngineError::Invalid(format!(
-                "max-physical {bytes}: at least 4 segments ({} bytes) are needed",
-                DATA_START + 4 * seg
-            )));
-        }
-        self.inner.writable()?;
-        let _one = self.inner.ckpt_lock.lock();
-        let mut log = self.inner.log.lock();
-        let mut sb = self.inner.sb.lock();
-        let mut next = sb.clone();
-        next.max_physical = bytes;
-        next.validate()
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
-        let cap = max_segments(&next);
-        if let Some(s) = log.table.first_used_from(cap) {
-            return Err(EngineError::Invalid(format!(
-                "cannot cap the backing file at {bytes} bytes: segment {s} (byte {}) past the \
-                 cap is in use (squeeze compact moves data down first)",
-                sb.segment_offset(s)
-            )));
-        }
-        for _ in 0..2 {
-            sbio::write(&*self.inner.storage, &mut next).inspect_err(|e| self.inner.poison(e))?;
-        }
-        log.table.set_cap(cap);
-        tracing::info!(from = sb.max_physical, to = bytes, "max-physical changed");
-        *sb = next;
-        Ok(())
+        self.set_settings(None, Some(bytes))
     }
 
     /// The compression engine writes go through.
