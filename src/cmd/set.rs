@@ -69,7 +69,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "algorithm {} mode {} required_ratio {} min_blob {} max_blob {} recompress {}",
         p["algorithm"].as_str().unwrap_or("?"),
         p["mode"].as_str().unwrap_or("?"),
-        p["required_ratio"],
+        // As stored (millionths) and as `info` prints it: 0.000001, not 1e-6.
+        p["required_ratio"].as_f64().unwrap_or(f64::NAN),
         p["min_blob_size"],
         p["max_blob_size"],
         p["recompress"].as_str().unwrap_or("?")
