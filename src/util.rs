@@ -99,7 +99,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err(format!("not a size: {s:?}"));
     }
     let v = n * mult as f64;
-    if v > u64::MAX as f64 {
+    // 2^64 (u64::MAX as f64) itself does not fit either.
+    if v >= u64::MAX as f64 {
         return Err(format!("size too large: {s:?}"));
     }
     Ok(v as u64)
@@ -217,5 +218,7 @@ mod tests {
         assert!(parse_size("12X").is_err());
         assert!(parse_size("G").is_err());
         assert!(parse_size("").is_err());
+        assert_eq!(parse_size("16383P").unwrap(), 16383 << 50);
+        assert!(parse_size("16384P").is_err());
     }
 }

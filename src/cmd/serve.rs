@@ -20,7 +20,7 @@ use super::PolicyArgs;
 use crate::util::{human, open_volume_with, parse_size};
 use anyhow::{bail, Context, Result};
 use squeeze_engine::{
-    default_policy, CreateOptions, EngineError, OpenOptions, Volume, VolumeStats,
+    default_policy, CreateOptions, EngineError, OpenOptions, Volume, VolumeStats, MAX_LOGICAL_SIZE,
 };
 use squeeze_nbd::{BlockDevice, Export, IpNet, Listener, Server, ServerConfig, TlsConfig, TlsMode};
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -375,6 +375,18 @@ pub fn run(a: Args) -> Result<ExitCode> {
             bail!("two volumes would share the export name {name:?}");
         }
         let vol = open_or_create(p, &a)?;
+        // A volume made before sizes were capped: its clients would see a
+        // negative size, or none.
+        if vol.size() > MAX_LOGICAL_SIZE {
+            bail!(
+                "{}: logical size {} bytes is more than NBD clients can take \
+                 (at most {MAX_LOGICAL_SIZE} bytes): shrink it first with \
+                 `squeeze resize {} --size SIZE`",
+                p.display(),
+                vol.size(),
+                p.display()
+            );
+        }
         devices.push((name, Arc::new(VolumeDevice { vol })));
     }
     let exports: Vec<Export> = devices

@@ -178,12 +178,7 @@ impl Volume {
         opts: &CreateOptions,
         open: OpenOptions,
     ) -> Result<Volume> {
-        if opts.logical_size == 0 || !opts.logical_size.is_multiple_of(SECTOR) {
-            return Err(EngineError::Invalid(format!(
-                "size {} must be a positive multiple of {SECTOR}",
-                opts.logical_size
-            )));
-        }
+        check_logical_size(opts.logical_size)?;
         if opts.max_physical != 0 && opts.max_physical < DATA_START + 4 * opts.segment_size {
             return Err(EngineError::Invalid(format!(
                 "--max-physical must leave room for at least 4 segments ({} bytes)",
@@ -531,11 +526,7 @@ impl Volume {
     /// record past the old size would be refused at the old one).
     pub fn resize(&self, new_size: u64) -> Result<()> {
         let _one = self.inner.resize_lock.lock();
-        if new_size == 0 || !new_size.is_multiple_of(SECTOR) {
-            return Err(EngineError::Invalid(format!(
-                "size {new_size}: must be a positive multiple of 4096"
-            )));
-        }
+        check_logical_size(new_size)?;
         self.inner.writable()?;
         let old = self.size();
         let (first, last) = (new_size.min(old) / SECTOR, new_size.max(old) / SECTOR);
@@ -783,6 +774,38 @@ impl Volume {
         crate::meta::pager::verify_pages(&self.inner)?;
         Ok(())
     }
+}
+
+/// The largest logical size a volume may be given: 2^63 - 2^30 bytes (8
+/// EiB less 1 GiB). NBD sends the export size as an unsigned 64-bit
+/// number, but its clients take it as a signed one (qemu, the Linux
+/// kernel, libnbd: 2^63 reads as negative, or as 0), and qemu opens no
+/// image longer than 2^63 aligned down to 1 GiB (its BDRV_MAX_LENGTH:
+/// qemu-img 10.0 opens 2^63 - 2^30 bytes and refuses 4 KiB more with
+/// "File too large"). The engine and the format would hold more: LBAs
+/// are 64 bits in full record headers and checkpoint runs (short headers,
+/// 40 bits, are written only where they fit), byte offsets stay under
+/// 2^64.
+pub const MAX_LOGICAL_SIZE: u64 = (1 << 63) - (1 << 30);
+
+const _: () = assert!(MAX_LOGICAL_SIZE.is_multiple_of(SECTOR));
+
+/// A logical size `create` and `resize` accept: a positive multiple of
+/// 4096 up to [`MAX_LOGICAL_SIZE`].
+fn check_logical_size(bytes: u64) -> Result<()> {
+    if bytes == 0 || !bytes.is_multiple_of(SECTOR) {
+        return Err(EngineError::Invalid(format!(
+            "size {bytes}: must be a positive multiple of {SECTOR}"
+        )));
+    }
+    if bytes > MAX_LOGICAL_SIZE {
+        return Err(EngineError::Invalid(format!(
+            "size {bytes}: the largest logical size is {MAX_LOGICAL_SIZE} bytes (8 EiB less \
+             1 GiB), the most NBD clients take (qemu, the Linux kernel and libnbd read the \
+             export size as a signed 64-bit number, and qemu aligns it down to 1 GiB)"
+        )));
+    }
+    Ok(())
 }
 
 impl Drop for Volume {
