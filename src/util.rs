@@ -129,6 +129,20 @@ pub fn is_socket(path: &std::path::Path) -> bool {
         .unwrap_or(false)
 }
 
+/// A benchmark's `--dir`, checked before any work: an existing directory
+/// (the bench makes its temporary volumes there and removes them; it
+/// creates no directory a typo named).
+pub fn bench_dir(dir: &Path) -> Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => anyhow::bail!("--dir {}: not a directory", dir.display()),
+        Err(e) => anyhow::bail!(
+            "--dir {}: {e} (give an existing directory for the temporary volumes)",
+            dir.display()
+        ),
+    }
+}
+
 /// Opens a volume file for reading and writing.
 ///
 /// Offline tools (import, compact, set) always write with the policy's
