@@ -56,6 +56,25 @@ fn stdout_failed(e: &std::io::Error) -> ! {
     std::process::exit(1);
 }
 
+/// An error and its causes, as anyhow's `{:#}` prints them ("context:
+/// cause: ..."), except that a cause the text before already ends with is
+/// not said again: the libraries' errors name their source in their own
+/// message too (squeeze-kv's "volume: no space left: ..." over the
+/// engine's "no space left: ..."), which `{:#}` would repeat.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if out.is_empty() {
+            out = s;
+        } else if !(s.is_empty() || out == s || out.ends_with(&format!(": {s}"))) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+    }
+    out
+}
+
 /// The log goes to stderr: coloured on a terminal (unless NO_COLOR is set),
 /// plain text otherwise (a log file, a pipe, journald), so a log file holds
 /// no ANSI escape codes.
@@ -220,6 +239,33 @@ pub fn hex(uuid: &[u8; 16]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn causes_said_once() {
+        /// An error that says its source, as thiserror's `"volume: {0}"`.
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "volume: {}", self.0)
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let io = || std::io::Error::other("no space left: backing store full");
+        let e = anyhow::Error::new(Outer(io())).context("cannot load");
+        assert_eq!(
+            error_text(&e),
+            "cannot load: volume: no space left: backing store full"
+        );
+        assert_eq!(format!("{e:#}").matches("no space left").count(), 2);
+        // A cause not in the text before is kept.
+        let e = anyhow::Error::new(io()).context("cannot open volume v.sqz");
+        assert_eq!(error_text(&e), format!("{e:#}"));
+    }
 
     #[test]
     fn sizes() {

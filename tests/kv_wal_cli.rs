@@ -160,3 +160,30 @@ fn benches_refuse_a_missing_dir_and_bad_bucket_densities() {
     // Nothing left behind.
     assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
 }
+
+/// A store whose volume runs out of room: `kv load` fails with ENOSPC said
+/// once (the store's error used to repeat the engine's), and what was
+/// durable before is still there.
+#[test]
+fn kv_out_of_room_says_so_once_and_keeps_what_it_had() {
+    let d = tempfile::tempdir().unwrap();
+    let v = d.path().join("small.sqz");
+    let v = v.to_str().unwrap();
+    ok(&[
+        "create",
+        v,
+        "--size",
+        "64M",
+        "--segment-size",
+        "512K",
+        "--max-physical",
+        "3M",
+    ]);
+    ok(&["kv", "create", v]);
+    ok(&["kv", "put", v, "first", "one"]);
+    let (good, _, err) = sq(&["kv", "load", v, "--keys", "20000"]);
+    assert!(!good, "20000 keys fit in 3 MiB: {err}");
+    assert_eq!(err.matches("no space left").count(), 1, "{err}");
+    assert!(err.contains("backing store full"), "{err}");
+    assert_eq!(ok(&["kv", "get", v, "first"]), "one\n");
+}

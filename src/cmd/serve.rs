@@ -746,7 +746,7 @@ fn control_loop(
             Err(e) => serde_json::json!({ "error": format!("reading the request: {e}") }),
             Ok(_) => match control_request(line.trim(), devs, srv) {
                 Ok(v) => v,
-                Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
+                Err(e) => serde_json::json!({ "error": crate::util::error_text(&e) }),
             },
         };
         let _ = c.write_all(body.to_string().as_bytes());
