@@ -178,8 +178,42 @@ pub fn open_volume(path: &Path, background: bool) -> Result<Volume> {
     )
 }
 
+/// Refuses a path that exists but cannot be a volume file, saying what it
+/// is, before anything opens it (a control socket's open fails with
+/// "No such device or address", a FIFO's blocks). A volume is a regular
+/// file (or a block device); a missing path is left to the open's own
+/// "No such file" error.
+pub fn check_volume_file(path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(m) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let t = m.file_type();
+    if t.is_socket() {
+        anyhow::bail!(
+            "{} is a Unix socket, not a volume file (a running server's control socket? \
+             stats, set and resize take one; the other commands take a volume file no \
+             server has open)",
+            path.display()
+        );
+    }
+    let what = if t.is_file() || t.is_block_device() {
+        return Ok(());
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else {
+        "a special file"
+    };
+    anyhow::bail!("{} is {what}, not a volume file", path.display())
+}
+
 /// Opens a volume for writing with the given options.
 pub fn open_volume_with(path: &Path, opts: OpenOptions) -> Result<Volume> {
+    check_volume_file(path)?;
     let storage = FileStorage::open(path)
         .with_context(|| format!("cannot open volume {}", path.display()))?;
     Volume::open(Arc::new(storage), opts)
@@ -194,6 +228,7 @@ pub fn open_volume_read_only(path: &Path) -> Result<Volume> {
 /// Opens a volume without writing to it; with `exclusive_of_writers`, fails
 /// while another process has it open for writing.
 pub fn open_volume_read_only_locked(path: &Path, exclusive_of_writers: bool) -> Result<Volume> {
+    check_volume_file(path)?;
     let storage = FileStorage::open_read_only(path)
         .with_context(|| format!("cannot open volume {}", path.display()))?;
     if exclusive_of_writers {
