@@ -78,3 +78,89 @@ fn a_control_socket_directory_or_fifo_is_no_volume_file() {
         assert!(e.contains(&format!("{p} is {what}")), "set {p}: {e}");
     }
 }
+
+/// The error of a command that waits for nothing while `flock` reports
+/// the volume locked: (success, output), retried until `want` shows or
+/// 30 s have passed (the holder takes the lock after it starts).
+fn until_locked(args: &[&str], want: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (ok, out) = sq(args);
+        if !ok && out.contains(want) {
+            return out;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "squeeze {args:?} never found the volume in use:\n{out}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A volume another process holds: the message names that process (pid
+/// and command line) whatever it is, a server, another squeeze command or
+/// any program, instead of guessing a running `squeeze serve`; nothing is
+/// changed.
+#[test]
+fn a_volume_in_use_names_the_process_that_holds_it() {
+    let w = Workdir::new();
+    w.create("1G", &[]);
+    let v = w.volume();
+    let v = v.to_str().unwrap();
+
+    // A server.
+    let srv = Serve::start(&w, &[]);
+    let e = sq_err(&["compact", v]);
+    assert!(
+        e.contains(&format!(
+            "in use by process {} (squeeze -v serve",
+            srv.pid()
+        )),
+        "{e}"
+    );
+    let e = sq_err(&["check", v]);
+    assert!(
+        e.contains(&format!(
+            "open for writing in process {} (squeeze",
+            srv.pid()
+        )),
+        "{e}"
+    );
+    srv.stop();
+
+    // Another squeeze command: a long kv load, stopped once seen.
+    run(squeeze().args(["kv", "create", v]));
+    let mut load = squeeze()
+        .args(["kv", "load", v, "--keys", "100000000", "--threads", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let e = until_locked(&["compact", v], "in use by");
+    let _ = load.kill();
+    let _ = load.wait();
+    assert!(
+        e.contains(&format!("in use by process {} (squeeze kv load", load.id()))
+            && !e.contains("`squeeze serve`"),
+        "{e}"
+    );
+
+    // Any program: this test, holding the lock itself.
+    {
+        use std::os::unix::io::AsRawFd;
+        let f = std::fs::File::open(v).unwrap();
+        // SAFETY: flock on a descriptor this test owns.
+        assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let e = sq_err(&["set", v, "--mode", "force"]);
+        let me = std::env::current_exe().unwrap();
+        let me = me.file_name().unwrap().to_str().unwrap();
+        assert!(
+            e.contains(&format!("in use by process {} ({me}", std::process::id())),
+            "{e}"
+        );
+    }
+    // Nothing was changed, and the volume opens again.
+    let info = run(squeeze().args(["info", v, "--json"]));
+    assert!(info.contains("\"mode\": \"aggressive\""), "{info}");
+    run(squeeze().args(["check", v]));
+}
