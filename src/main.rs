@@ -97,7 +97,7 @@ fn main() -> ExitCode {
     match res {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("squeeze: error: {e:#}");
+            eprintln!("squeeze: error: {}", util::error_text(&e));
             ExitCode::FAILURE
         }
     }

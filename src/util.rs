@@ -56,6 +56,25 @@ fn stdout_failed(e: &std::io::Error) -> ! {
     std::process::exit(1);
 }
 
+/// An error and its causes, as anyhow's `{:#}` prints them ("context:
+/// cause: ..."), except that a cause the text before already ends with is
+/// not said again: the libraries' errors name their source in their own
+/// message too (squeeze-kv's "volume: no space left: ..." over the
+/// engine's "no space left: ..."), which `{:#}` would repeat.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if out.is_empty() {
+            out = s;
+        } else if !(s.is_empty() || out == s || out.ends_with(&format!(": {s}"))) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+    }
+    out
+}
+
 /// The log goes to stderr: coloured on a terminal (unless NO_COLOR is set),
 /// plain text otherwise (a log file, a pipe, journald), so a log file holds
 /// no ANSI escape codes.
@@ -99,7 +118,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err(format!("not a size: {s:?}"));
     }
     let v = n * mult as f64;
-    if v > u64::MAX as f64 {
+    // 2^64 (u64::MAX as f64) itself does not fit either.
+    if v >= u64::MAX as f64 {
         return Err(format!("size too large: {s:?}"));
     }
     Ok(v as u64)
@@ -128,6 +148,20 @@ pub fn is_socket(path: &std::path::Path) -> bool {
         .unwrap_or(false)
 }
 
+/// A benchmark's `--dir`, checked before any work: an existing directory
+/// (the bench makes its temporary volumes there and removes them; it
+/// creates no directory a typo named).
+pub fn bench_dir(dir: &Path) -> Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => anyhow::bail!("--dir {}: not a directory", dir.display()),
+        Err(e) => anyhow::bail!(
+            "--dir {}: {e} (give an existing directory for the temporary volumes)",
+            dir.display()
+        ),
+    }
+}
+
 /// Opens a volume file for reading and writing.
 ///
 /// Offline tools (import, compact, set) always write with the policy's
@@ -144,8 +178,42 @@ pub fn open_volume(path: &Path, background: bool) -> Result<Volume> {
     )
 }
 
+/// Refuses a path that exists but cannot be a volume file, saying what it
+/// is, before anything opens it (a control socket's open fails with
+/// "No such device or address", a FIFO's blocks). A volume is a regular
+/// file (or a block device); a missing path is left to the open's own
+/// "No such file" error.
+pub fn check_volume_file(path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(m) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let t = m.file_type();
+    if t.is_socket() {
+        anyhow::bail!(
+            "{} is a Unix socket, not a volume file (a running server's control socket? \
+             stats, set and resize take one; the other commands take a volume file no \
+             server has open)",
+            path.display()
+        );
+    }
+    let what = if t.is_file() || t.is_block_device() {
+        return Ok(());
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else {
+        "a special file"
+    };
+    anyhow::bail!("{} is {what}, not a volume file", path.display())
+}
+
 /// Opens a volume for writing with the given options.
 pub fn open_volume_with(path: &Path, opts: OpenOptions) -> Result<Volume> {
+    check_volume_file(path)?;
     let storage = FileStorage::open(path)
         .with_context(|| format!("cannot open volume {}", path.display()))?;
     Volume::open(Arc::new(storage), opts).map_err(|e| open_failed(path, e))
@@ -179,6 +247,7 @@ pub fn open_volume_read_only_locked(
     exclusive_of_writers: bool,
     accept_loss: bool,
 ) -> Result<Volume> {
+    check_volume_file(path)?;
     let storage = FileStorage::open_read_only(path)
         .with_context(|| format!("cannot open volume {}", path.display()))?;
     if exclusive_of_writers {
@@ -227,6 +296,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn causes_said_once() {
+        /// An error that says its source, as thiserror's `"volume: {0}"`.
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "volume: {}", self.0)
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let io = || std::io::Error::other("no space left: backing store full");
+        let e = anyhow::Error::new(Outer(io())).context("cannot load");
+        assert_eq!(
+            error_text(&e),
+            "cannot load: volume: no space left: backing store full"
+        );
+        assert_eq!(format!("{e:#}").matches("no space left").count(), 2);
+        // A cause not in the text before is kept.
+        let e = anyhow::Error::new(io()).context("cannot open volume v.sqz");
+        assert_eq!(error_text(&e), format!("{e:#}"));
+    }
+
+    #[test]
     fn sizes() {
         assert_eq!(parse_size("64G").unwrap(), 64 << 30);
         assert_eq!(parse_size("1T").unwrap(), 1 << 40);
@@ -237,5 +333,7 @@ mod tests {
         assert!(parse_size("12X").is_err());
         assert!(parse_size("G").is_err());
         assert!(parse_size("").is_err());
+        assert_eq!(parse_size("16383P").unwrap(), 16383 << 50);
+        assert!(parse_size("16384P").is_err());
     }
 }

@@ -108,3 +108,82 @@ fn benches_report_json() {
     assert!(r["ops_per_second"].as_f64().unwrap() > 0.0, "{r}");
     assert!(r["peak_rss_bytes"].as_u64().unwrap() > 0, "{r}");
 }
+
+/// The benches' bad input, refused before any work with the option named:
+/// a `--dir` that does not exist (created by none of them) or is a file,
+/// and a `--buckets-per-key` that is not a positive number or asks for more
+/// buckets than a volume holds.
+#[test]
+fn benches_refuse_a_missing_dir_and_bad_bucket_densities() {
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("no/such/dir");
+    let missing = missing.to_str().unwrap();
+    let file = d.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let file = file.to_str().unwrap();
+    let benches: [&[&str]; 4] = [
+        &["kv", "bench", "--keys", "100", "--ops", "100"],
+        &["wal", "bench", "--sizes", "128", "--commits", "10"],
+        &["bench", "--size", "4M"],
+        &["bench", "--overwrite", "--size", "4M"],
+    ];
+    for bench in benches {
+        let (good, _, err) = sq(&[bench, &["--dir", missing]].concat());
+        assert!(!good, "{bench:?}");
+        assert!(
+            err.contains(&format!("--dir {missing}")) && err.contains("No such file"),
+            "{bench:?}: {err}"
+        );
+        assert!(!d.path().join("no").exists(), "{bench:?} created --dir");
+        let (good, _, err) = sq(&[bench, &["--dir", file]].concat());
+        assert!(!good, "{bench:?}");
+        assert!(err.contains("not a directory"), "{bench:?}: {err}");
+    }
+    let dir = d.path().to_str().unwrap();
+    for bad in ["NaN", "inf", "0", "-1", "x", ""] {
+        let (good, _, err) = sq(&[
+            "kv",
+            "bench",
+            "--dir",
+            dir,
+            &format!("--buckets-per-key={bad}"),
+        ]);
+        assert!(!good, "{bad}");
+        assert!(
+            err.contains("--buckets-per-key") && err.contains("above 0"),
+            "{bad}: {err}"
+        );
+    }
+    let (good, _, err) = sq(&["kv", "bench", "--dir", dir, "--buckets-per-key", "1e300"]);
+    assert!(!good);
+    assert!(err.contains("more buckets than a volume holds"), "{err}");
+    // Nothing left behind.
+    assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
+}
+
+/// A store whose volume runs out of room: `kv load` fails with ENOSPC said
+/// once (the store's error used to repeat the engine's), and what was
+/// durable before is still there.
+#[test]
+fn kv_out_of_room_says_so_once_and_keeps_what_it_had() {
+    let d = tempfile::tempdir().unwrap();
+    let v = d.path().join("small.sqz");
+    let v = v.to_str().unwrap();
+    ok(&[
+        "create",
+        v,
+        "--size",
+        "64M",
+        "--segment-size",
+        "512K",
+        "--max-physical",
+        "3M",
+    ]);
+    ok(&["kv", "create", v]);
+    ok(&["kv", "put", v, "first", "one"]);
+    let (good, _, err) = sq(&["kv", "load", v, "--keys", "20000"]);
+    assert!(!good, "20000 keys fit in 3 MiB: {err}");
+    assert_eq!(err.matches("no space left").count(), 1, "{err}");
+    assert!(err.contains("backing store full"), "{err}");
+    assert_eq!(ok(&["kv", "get", v, "first"]), "one\n");
+}

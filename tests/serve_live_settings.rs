@@ -171,3 +171,149 @@ fn a_garbage_budget_out_of_range_is_refused() {
     }
     assert!(!std::path::Path::new(v).exists());
 }
+
+/// The settings `info --json` shows of a volume file: (algorithm, mode,
+/// required ratio, max_physical).
+fn file_settings(v: &str) -> (String, String, f64, u64) {
+    let info: serde_json::Value =
+        serde_json::from_str(&squeeze_ok(&["info", v, "--json"])).unwrap();
+    (
+        info["policy"]["algorithm"].as_str().unwrap().to_string(),
+        info["policy"]["mode"].as_str().unwrap().to_string(),
+        info["policy"]["required_ratio"].as_f64().unwrap(),
+        info["max_physical"].as_u64().unwrap(),
+    )
+}
+
+/// A `set` applies all of its changes or none, on a volume file and through
+/// a running server's control socket: a refused cap leaves the policy given
+/// with it unapplied, a refused policy the cap.
+#[test]
+fn a_refused_set_changes_nothing() {
+    let w = Workdir::new();
+    w.create("64M", &["--segment-size", "1M"]);
+    let v = w.volume();
+    let v = v.to_str().unwrap();
+    let before = file_settings(v);
+    assert_eq!(before, ("zstd:3".into(), "aggressive".into(), 0.875, 0));
+    let refused: [&[&str]; 3] = [
+        &["--algorithm", "zstd:1", "--max-physical", "1M"],
+        &[
+            "--mode",
+            "force",
+            "--max-physical",
+            "32M",
+            "--max-blob",
+            "1M",
+        ],
+        &["--max-physical", "32M", "--algorithm", "brotli"],
+    ];
+    for args in refused {
+        let e = squeeze_err(&[&["set", v][..], args].concat());
+        assert!(
+            e.contains("at least 4 segments") || e.contains("max_blob") || e.contains("brotli"),
+            "{args:?}: {e}"
+        );
+        assert_eq!(file_settings(v), before, "offline set {args:?}");
+    }
+
+    let srv = Serve::start(&w, &[]);
+    let ctl = srv.control.to_str().unwrap().to_string();
+    let live_before = live_stats(&srv);
+    for args in refused {
+        let e = squeeze_err(&[&["set", &ctl][..], args].concat());
+        assert!(
+            e.contains("at least 4 segments") || e.contains("max_blob") || e.contains("brotli"),
+            "{args:?}: {e}"
+        );
+        let live = live_stats(&srv);
+        for k in ["write_algorithm", "physical_limit_bytes"] {
+            assert_eq!(live[k], live_before[k], "live set {args:?}: {k}");
+        }
+    }
+    // What a refused set would have applied still works on its own.
+    let out = squeeze_ok(&["set", &ctl, "--algorithm", "zstd:1"]);
+    assert!(out.contains("algorithm zstd:1"), "{out}");
+    srv.stop();
+    assert_eq!(
+        file_settings(v),
+        ("zstd:1".into(), "aggressive".into(), 0.875, 0)
+    );
+}
+
+/// One raw request line on a control socket; its JSON answer.
+fn control_raw(ctl: &std::path::Path, line: &str) -> serde_json::Value {
+    let mut c = UnixStream::connect(ctl).unwrap();
+    c.write_all(line.as_bytes()).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    c.read_to_string(&mut answer).unwrap();
+    serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"))
+}
+
+/// `--required-ratio` takes a number from 0.000001 to 1 (stored in
+/// millionths) on every path: NaN and infinities (which the control
+/// socket's JSON would turn into null, a silent no-op), values that round
+/// to 0 millionths (1e-300) and values out of (0, 1] are refused with the
+/// range named, and change nothing; an accepted value prints as stored.
+#[test]
+fn required_ratio_is_a_number_from_a_millionth_to_1() {
+    let w = Workdir::new();
+    w.create("64M", &["--segment-size", "1M"]);
+    let v = w.volume();
+    let v = v.to_str().unwrap();
+    let before = file_settings(v);
+    let bad = [
+        "NaN", "nan", "inf", "-inf", "infinity", "1e-300", "4e-7", "0", "-0.5", "1.5", "x", "",
+    ];
+    for r in bad {
+        let arg = format!("--required-ratio={r}");
+        let e = squeeze_err(&["set", v, &arg]);
+        assert!(e.contains("0.000001 to 1"), "{r}: {e}");
+        let fresh = w.path("fresh.sqz");
+        let e = squeeze_err(&["create", fresh.to_str().unwrap(), "--size", "1G", &arg]);
+        assert!(e.contains("0.000001 to 1"), "create {r}: {e}");
+        assert!(!fresh.exists(), "create {r} left a file");
+    }
+    assert_eq!(file_settings(v), before);
+    // Printed as stored: in millionths, in decimal.
+    let out = squeeze_ok(&["set", v, "--required-ratio", "0.8755555"]);
+    assert!(out.contains("required_ratio 0.875556 "), "{out}");
+    let out = squeeze_ok(&["set", v, "--required-ratio", "1e-6"]);
+    assert!(out.contains("required_ratio 0.000001 "), "{out}");
+    assert_eq!(file_settings(v).2, 0.000001);
+    squeeze_ok(&["set", v, "--required-ratio", "0.875"]);
+
+    let srv = Serve::start(&w, &[]);
+    let ctl = srv.control.to_str().unwrap().to_string();
+    for r in ["NaN", "inf", "1e-300"] {
+        let e = squeeze_err(&["set", &ctl, &format!("--required-ratio={r}")]);
+        assert!(e.contains("0.000001 to 1"), "{r}: {e}");
+    }
+    // A client that sends the JSON itself: numbers out of range are
+    // refused by the server (JSON has no NaN).
+    for r in ["1e-300", "4e-7", "0", "-1", "5"] {
+        let a = control_raw(
+            &srv.control,
+            &format!("{{\"op\":\"set\",\"policy\":{{\"required_ratio\":{r}}}}}\n"),
+        );
+        let e = a["error"].as_str().unwrap_or_else(|| panic!("{r}: {a}"));
+        assert!(
+            e.contains("--required-ratio") && e.contains("0.000001 to 1"),
+            "{r}: {e}"
+        );
+    }
+    // null is no value: nothing to change, said so.
+    let a = control_raw(
+        &srv.control,
+        "{\"op\":\"set\",\"policy\":{\"required_ratio\":null}}\n",
+    );
+    assert!(
+        a["error"].as_str().unwrap().contains("nothing to change"),
+        "{a}"
+    );
+    let out = squeeze_ok(&["set", &ctl, "--required-ratio", "0.5000004"]);
+    assert!(out.contains("required_ratio 0.5 "), "{out}");
+    srv.stop();
+    assert_eq!(file_settings(v).2, 0.5);
+}

@@ -30,7 +30,7 @@
 //! so each engine pass is compared with the raw pass measured beside it.
 
 use super::PolicyArgs;
-use crate::util::{human, parse_size};
+use crate::util::{bench_dir, human, parse_size};
 use anyhow::{bail, Context, Result};
 use squeeze_codec::process::cpu_seconds as process_cpu_seconds;
 use squeeze_codec::{CompressEngine, Job, JobOutput};
@@ -259,6 +259,7 @@ fn parallel(n: usize, requests: usize, f: impl Fn(usize) -> Result<()> + Sync) -
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
+    bench_dir(&a.dir)?;
     if a.overwrite {
         return overwrite(a);
     }
@@ -368,7 +369,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
 
     // Engine.
-    std::fs::create_dir_all(&a.dir)?;
     let tmp = tempfile::Builder::new()
         .prefix(".squeeze-bench-")
         .tempdir_in(&a.dir)
@@ -682,7 +682,6 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 fn overwrite_phase(a: &Args, cleaner: bool, writers: usize) -> Result<(OverwritePhase, f64)> {
     let policy = a.policy.apply(default_policy())?;
     let dataset = (a.size as usize / REQUEST * REQUEST).max(REQUEST);
-    std::fs::create_dir_all(&a.dir)?;
     let tmp = tempfile::Builder::new()
         .prefix(".squeeze-bench-")
         .tempdir_in(&a.dir)?;

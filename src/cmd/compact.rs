@@ -5,8 +5,8 @@
 //! cleaned, a checkpoint frees the victims and they are punched out of the
 //! file. Prints what was merged and reclaimed.
 
-use crate::util::{human, open_volume, progress};
-use anyhow::Result;
+use crate::util::{human, is_socket, open_volume, progress};
+use anyhow::{bail, Result};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,6 +49,17 @@ fn with_progress<T>(
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
+    if is_socket(&a.path) {
+        bail!(
+            "{p} is a Unix socket (a running server's control socket?), not a volume file: \
+             `squeeze compact` works on a volume file no server has open. A running server \
+             merges and cleans by itself (in the background, and without pause once its \
+             clients have been idle for a second); `squeeze stats {p}` shows what is left \
+             (garbage_bytes). To compact now, stop the server and run `squeeze compact` on \
+             its volume file.",
+            p = a.path.display()
+        );
+    }
     let vol = open_volume(&a.path, false)?;
     let before = vol.stats();
     let t0 = Instant::now();

@@ -7,11 +7,11 @@
 //! - `bench`: load a fresh store, then uniform random reads and updates;
 //!   ops/s, read latency, CPU per operation, peak memory, physical bytes.
 
-use crate::util::{human, open_volume};
+use crate::util::{bench_dir, human, open_volume};
 use anyhow::{bail, Context, Result};
 use rand::Rng;
 use squeeze_codec::process::{cpu_seconds as process_cpu_seconds, peak_rss};
-use squeeze_engine::Volume;
+use squeeze_engine::{Volume, MAX_LOGICAL_SIZE, SECTOR_SIZE};
 use squeeze_kv::{CreateStore, Expect, Store, PROBE_MAX_DEFAULT};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -78,8 +78,9 @@ pub struct BenchArgs {
     #[arg(long, default_value = "400")]
     pub value_size: usize,
     /// Buckets per key (the logical space wasted on purpose; a quarter:
-    /// four 400-byte records to a 4 KiB bucket).
-    #[arg(long, default_value_t = squeeze_kv::BUCKETS_PER_KEY_DEFAULT)]
+    /// four 400-byte records to a 4 KiB bucket): a positive number.
+    #[arg(long, default_value_t = squeeze_kv::BUCKETS_PER_KEY_DEFAULT,
+          value_parser = parse_buckets_per_key)]
     pub buckets_per_key: f64,
     #[arg(long, default_value = "2")]
     pub threads: u64,
@@ -94,6 +95,14 @@ pub struct BenchArgs {
     pub sync_every: u64,
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--buckets-per-key`: a finite number above 0.
+fn parse_buckets_per_key(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() && n > 0.0 => Ok(n),
+        _ => Err("give a number above 0 (0.25: four records to a bucket)".into()),
+    }
 }
 
 fn open_store(path: &Path) -> Result<(Arc<Volume>, Store)> {
@@ -270,14 +279,26 @@ pub fn run(a: Args) -> Result<ExitCode> {
 }
 
 fn bench(b: BenchArgs) -> Result<()> {
-    if b.keys == 0 || b.threads == 0 || b.buckets_per_key <= 0.0 || b.update_percent > 100 {
-        bail!("--keys, --threads and --buckets-per-key must be positive, --update-percent <= 100");
+    if b.keys == 0 || b.threads == 0 || b.update_percent > 100 {
+        bail!("--keys and --threads must be positive, --update-percent <= 100");
     }
-    std::fs::create_dir_all(&b.dir)?;
+    // One 4 KiB sector per bucket, and the store's header.
+    let most = MAX_LOGICAL_SIZE / SECTOR_SIZE as u64 - 1;
+    let want = b.keys as f64 * b.buckets_per_key;
+    if want > most as f64 {
+        bail!(
+            "--keys {} x --buckets-per-key {:e} is more buckets than a volume holds \
+             ({most}, one 4 KiB sector each)",
+            b.keys,
+            b.buckets_per_key
+        );
+    }
+    bench_dir(&b.dir)?;
     let tmp = tempfile::Builder::new()
         .prefix(".squeeze-kv-bench-")
-        .tempdir_in(&b.dir)?;
-    let buckets = ((b.keys as f64 * b.buckets_per_key) as u64).max(PROBE_MAX_DEFAULT as u64);
+        .tempdir_in(&b.dir)
+        .with_context(|| format!("temporary directory in {}", b.dir.display()))?;
+    let buckets = (want as u64).max(PROBE_MAX_DEFAULT as u64);
     let path = tmp.path().join("kv.sqz");
     let vol = squeeze_kv::create_volume(&path, buckets)?;
     let s = Store::create(

@@ -19,7 +19,7 @@ pub mod tco;
 pub mod wal;
 
 use crate::util::parse_size;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use squeeze_engine::{Algorithm, CodecId, CompressionMode, Policy};
 
 /// Compression policy options (BlueStore's compression_* pool settings).
@@ -36,8 +36,9 @@ pub struct PolicyArgs {
     #[arg(long)]
     pub mode: Option<String>,
     /// compression_required_ratio: keep a compressed blob only if it
-    /// occupies at most this fraction of its raw size.
-    #[arg(long, value_name = "RATIO")]
+    /// occupies at most this fraction of its raw size (0.000001 to 1,
+    /// stored in millionths).
+    #[arg(long, value_name = "RATIO", value_parser = parse_required_ratio)]
     pub required_ratio: Option<f64>,
     /// compression_min_blob_size: smaller blobs are stored raw.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -51,6 +52,16 @@ pub struct PolicyArgs {
 }
 
 impl PolicyArgs {
+    /// Whether any option is given (a `set` with none changes no policy).
+    pub fn given(&self) -> bool {
+        self.algorithm.is_some()
+            || self.mode.is_some()
+            || self.required_ratio.is_some()
+            || self.min_blob.is_some()
+            || self.max_blob.is_some()
+            || self.recompress.is_some()
+    }
+
     pub fn apply(&self, mut p: Policy) -> Result<Policy> {
         if let Some(a) = &self.algorithm {
             let alg = Algorithm::parse(a)?;
@@ -63,10 +74,8 @@ impl PolicyArgs {
             })?;
         }
         if let Some(r) = self.required_ratio {
-            if !(r > 0.0 && r <= 1.0) {
-                bail!("--required-ratio {r} must be in (0, 1]");
-            }
-            p.required_ratio_ppm = (r * 1e6).round() as u32;
+            p.required_ratio_ppm =
+                required_ratio_ppm(r).map_err(|e| anyhow::anyhow!("--required-ratio {r}: {e}"))?;
         }
         if let Some(b) = self.min_blob {
             p.min_blob = u32::try_from(b).map_err(|_| anyhow::anyhow!("--min-blob too large"))?;
@@ -81,6 +90,32 @@ impl PolicyArgs {
         }
         p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(p)
+    }
+}
+
+/// `--required-ratio` on the command line: a number [`required_ratio_ppm`]
+/// takes (NaN, infinities and values that round to 0 millionths are
+/// refused here, before a control socket's JSON could turn them into null).
+fn parse_required_ratio(s: &str) -> Result<f64, String> {
+    let r: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a number; {RATIO_RANGE}"))?;
+    required_ratio_ppm(r).map(|_| r)
+}
+
+const RATIO_RANGE: &str = "give a number from 0.000001 to 1 (a compressed blob is kept \
+                           when it takes at most this fraction of its raw size)";
+
+/// The required ratio as stored: millionths, at least 1 (a finite number
+/// in (0, 1] that rounds to 0 millionths, such as 1e-300, is refused rather
+/// than stored as 0).
+fn required_ratio_ppm(r: f64) -> Result<u32, String> {
+    let ppm = (r * 1e6).round();
+    if r.is_finite() && r <= 1.0 && ppm >= 1.0 {
+        Ok(ppm as u32)
+    } else {
+        Err(RATIO_RANGE.to_string())
     }
 }
 

@@ -20,7 +20,7 @@ use super::PolicyArgs;
 use crate::util::{human, open_volume_with, parse_size};
 use anyhow::{bail, Context, Result};
 use squeeze_engine::{
-    default_policy, CreateOptions, EngineError, OpenOptions, Volume, VolumeStats,
+    default_policy, CreateOptions, EngineError, OpenOptions, Volume, VolumeStats, MAX_LOGICAL_SIZE,
 };
 use squeeze_nbd::{BlockDevice, Export, IpNet, Listener, Server, ServerConfig, TlsConfig, TlsMode};
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -383,6 +383,18 @@ pub fn run(a: Args) -> Result<ExitCode> {
             bail!("two volumes would share the export name {name:?}");
         }
         let vol = open_or_create(p, &a)?;
+        // A volume made before sizes were capped: its clients would see a
+        // negative size, or none.
+        if vol.size() > MAX_LOGICAL_SIZE {
+            bail!(
+                "{}: logical size {} bytes is more than NBD clients can take \
+                 (at most {MAX_LOGICAL_SIZE} bytes): shrink it first with \
+                 `squeeze resize {} --size SIZE`",
+                p.display(),
+                vol.size(),
+                p.display()
+            );
+        }
         devices.push((name, Arc::new(VolumeDevice { vol })));
     }
     let exports: Vec<Export> = devices
@@ -742,7 +754,7 @@ fn control_loop(
             Err(e) => serde_json::json!({ "error": format!("reading the request: {e}") }),
             Ok(_) => match control_request(line.trim(), devs, srv) {
                 Ok(v) => v,
-                Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
+                Err(e) => serde_json::json!({ "error": crate::util::error_text(&e) }),
             },
         };
         let _ = c.write_all(body.to_string().as_bytes());
@@ -826,16 +838,13 @@ fn control_request(
         "stats" => Ok(stats_json(devs, srv)),
         "set" => {
             let (name, dev) = pick()?;
-            if req.policy.is_none() && req.max_physical.is_none() {
+            let policy = req.policy.as_ref().filter(|p| p.given());
+            if policy.is_none() && req.max_physical.is_none() {
                 bail!("set: nothing to change");
             }
-            if let Some(p) = &req.policy {
-                let policy = p.apply(dev.vol.policy())?;
-                dev.vol.set_policy(policy)?;
-            }
-            if let Some(m) = req.max_physical {
-                dev.vol.set_max_physical(m)?;
-            }
+            // All or nothing: every change is checked before any is made.
+            let policy = policy.map(|p| p.apply(dev.vol.policy())).transpose()?;
+            dev.vol.set_settings(policy, req.max_physical)?;
             tracing::info!(volume = %name, "settings changed through the control socket");
             Ok(serde_json::json!({
                 "ok": true,

@@ -26,17 +26,8 @@ pub struct Args {
     pub max_physical: Option<u64>,
 }
 
-fn policy_given(p: &PolicyArgs) -> bool {
-    p.algorithm.is_some()
-        || p.mode.is_some()
-        || p.required_ratio.is_some()
-        || p.min_blob.is_some()
-        || p.max_blob.is_some()
-        || p.recompress.is_some()
-}
-
 pub fn run(a: Args) -> Result<ExitCode> {
-    let policy_changes = policy_given(&a.policy);
+    let policy_changes = a.policy.given();
     if !policy_changes && a.max_physical.is_none() {
         bail!(
             "nothing to change: give policy options (--algorithm, --mode, ...) or --max-physical"
@@ -64,13 +55,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
             bail!("--volume names an export of a running server: PATH is a volume file");
         }
         let vol = open_volume(&a.path, false)?;
-        if policy_changes {
-            let p = a.policy.apply(vol.policy())?;
-            vol.set_policy(p)?;
-        }
-        if let Some(m) = a.max_physical {
-            vol.set_max_physical(m)?;
-        }
+        // All or nothing: every change is checked before any is made.
+        let policy = policy_changes
+            .then(|| a.policy.apply(vol.policy()))
+            .transpose()?;
+        vol.set_settings(policy, a.max_physical)?;
         let p = super::policy_json(&vol.policy());
         let cap = vol.superblock().max_physical;
         vol.close()?;
@@ -80,7 +69,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "algorithm {} mode {} required_ratio {} min_blob {} max_blob {} recompress {}",
         p["algorithm"].as_str().unwrap_or("?"),
         p["mode"].as_str().unwrap_or("?"),
-        p["required_ratio"],
+        // As stored (millionths) and as `info` prints it: 0.000001, not 1e-6.
+        p["required_ratio"].as_f64().unwrap_or(f64::NAN),
         p["min_blob_size"],
         p["max_blob_size"],
         p["recompress"].as_str().unwrap_or("?")

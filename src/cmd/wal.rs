@@ -8,7 +8,7 @@
 //!   commit latency, dense against sparse, at several record sizes and
 //!   numbers of committing threads, on fresh volumes in `--dir`.
 
-use crate::util::{human, open_volume, parse_size};
+use crate::util::{bench_dir, human, open_volume, parse_size};
 use anyhow::{bail, Context, Result};
 use rand::Rng;
 use squeeze_engine::{CreateOptions, FileStorage, OpenOptions, Volume};
@@ -304,7 +304,7 @@ fn bench(b: BenchArgs) -> Result<()> {
             squeeze_wal::PAYLOAD_MAX
         );
     }
-    std::fs::create_dir_all(&b.dir)?;
+    bench_dir(&b.dir)?;
     let tmp = tempfile::Builder::new()
         .prefix(".squeeze-wal-bench-")
         .tempdir_in(&b.dir)

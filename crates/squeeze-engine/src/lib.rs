@@ -50,4 +50,5 @@ pub use stats::{Space, VolumeStats};
 pub use storage::{FileOptions, FileStorage, IoMode, SimFaults, SimStorage, Storage};
 pub use volume::{
     default_policy, CreateOptions, OpenOptions, Volume, MAP_CACHE_DEFAULT, MAP_CACHE_MIN,
+    MAX_LOGICAL_SIZE,
 };

@@ -190,12 +190,7 @@ impl Volume {
         opts: &CreateOptions,
         open: OpenOptions,
     ) -> Result<Volume> {
-        if opts.logical_size == 0 || !opts.logical_size.is_multiple_of(SECTOR) {
-            return Err(EngineError::Invalid(format!(
-                "size {} must be a positive multiple of {SECTOR}",
-                opts.logical_size
-            )));
-        }
+        check_logical_size(opts.logical_size)?;
         if opts.max_physical != 0 && opts.max_physical < DATA_START + 4 * opts.segment_size {
             return Err(EngineError::Invalid(format!(
                 "--max-physical must leave room for at least 4 segments ({} bytes)",
@@ -565,17 +560,69 @@ impl Volume {
 
     /// Changes the policy for future writes and records it durably.
     pub fn set_policy(&self, policy: Policy) -> Result<()> {
-        policy
-            .validate()
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        self.set_settings(Some(policy), None)
+    }
+
+    /// Changes the policy for future writes and the cap on the backing
+    /// file's allocated bytes (see [`Volume::set_max_physical`]), either or
+    /// both, all or nothing: every change is checked before any is made,
+    /// and one superblock (written to both slots, as for
+    /// [`Volume::resize`]) records them together. On a volume in use as
+    /// well.
+    pub fn set_settings(&self, policy: Option<Policy>, max_physical: Option<u64>) -> Result<()> {
+        if let Some(p) = &policy {
+            p.validate()
+                .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        }
+        let _one = self.inner.resize_lock.lock();
+        let seg = self.inner.seg_size;
+        if let Some(bytes) = max_physical.filter(|&b| b != 0 && b < DATA_START + 4 * seg) {
+            return Err(EngineError::Invalid(format!(
+                "max-physical {bytes}: at least 4 segments ({} bytes) are needed",
+                DATA_START + 4 * seg
+            )));
+        }
         self.inner.writable()?;
         let _one = self.inner.ckpt_lock.lock();
+        let mut log = self.inner.log.lock();
         let mut sb = self.inner.sb.lock();
-        sb.policy = policy;
-        sbio::write(&*self.inner.storage, &mut sb).inspect_err(|e| self.inner.poison(e))?;
-        let mut active = self.inner.policy.write();
-        let adapt = active.adapt.as_ref().map(|a| a.config());
-        *active = ActivePolicy::with_adaptation(policy, adapt);
+        let mut next = sb.clone();
+        if let Some(p) = policy {
+            next.policy = p;
+        }
+        if let Some(bytes) = max_physical {
+            next.max_physical = bytes;
+        }
+        next.validate()
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let cap = max_segments(&next);
+        if let Some(bytes) = max_physical {
+            if let Some(s) = log.table.first_used_from(cap) {
+                return Err(EngineError::Invalid(format!(
+                    "cannot cap the backing file at {bytes} bytes: segment {s} (byte {}) past \
+                     the cap is in use (squeeze compact moves data down first)",
+                    sb.segment_offset(s)
+                )));
+            }
+        }
+        for _ in 0..2 {
+            sbio::write(&*self.inner.storage, &mut next).inspect_err(|e| self.inner.poison(e))?;
+        }
+        if max_physical.is_some() {
+            log.table.set_cap(cap);
+            tracing::info!(
+                from = sb.max_physical,
+                to = next.max_physical,
+                "max-physical changed"
+            );
+        }
+        drop(log);
+        if let Some(p) = policy {
+            let mut active = self.inner.policy.write();
+            let adapt = active.adapt.as_ref().map(|a| a.config());
+            *active = ActivePolicy::with_adaptation(p, adapt);
+        }
+        *sb = next;
         Ok(())
     }
 
@@ -588,11 +635,7 @@ impl Volume {
     /// record past the old size would be refused at the old one).
     pub fn resize(&self, new_size: u64) -> Result<()> {
         let _one = self.inner.resize_lock.lock();
-        if new_size == 0 || !new_size.is_multiple_of(SECTOR) {
-            return Err(EngineError::Invalid(format!(
-                "size {new_size}: must be a positive multiple of 4096"
-            )));
-        }
+        check_logical_size(new_size)?;
         self.inner.writable()?;
         let old = self.size();
         let (first, last) = (new_size.min(old) / SECTOR, new_size.max(old) / SECTOR);
@@ -641,37 +684,7 @@ impl Volume {
     /// first); segments past it that are free are forgotten. Both superblock
     /// slots are rewritten, as for [`Volume::resize`].
     pub fn set_max_physical(&self, bytes: u64) -> Result<()> {
-        let _one = self.inner.resize_lock.lock();
-        let seg = self.inner.seg_size;
-        if bytes != 0 && bytes < DATA_START + 4 * seg {
-            return Err(EngineError::Invalid(format!(
-                "max-physical {bytes}: at least 4 segments ({} bytes) are needed",
-                DATA_START + 4 * seg
-            )));
-        }
-        self.inner.writable()?;
-        let _one = self.inner.ckpt_lock.lock();
-        let mut log = self.inner.log.lock();
-        let mut sb = self.inner.sb.lock();
-        let mut next = sb.clone();
-        next.max_physical = bytes;
-        next.validate()
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
-        let cap = max_segments(&next);
-        if let Some(s) = log.table.first_used_from(cap) {
-            return Err(EngineError::Invalid(format!(
-                "cannot cap the backing file at {bytes} bytes: segment {s} (byte {}) past the \
-                 cap is in use (squeeze compact moves data down first)",
-                sb.segment_offset(s)
-            )));
-        }
-        for _ in 0..2 {
-            sbio::write(&*self.inner.storage, &mut next).inspect_err(|e| self.inner.poison(e))?;
-        }
-        log.table.set_cap(cap);
-        tracing::info!(from = sb.max_physical, to = bytes, "max-physical changed");
-        *sb = next;
-        Ok(())
+        self.set_settings(None, Some(bytes))
     }
 
     /// The compression engine writes go through.
@@ -872,6 +885,38 @@ impl Volume {
         crate::meta::pager::verify_pages(&self.inner)?;
         Ok(())
     }
+}
+
+/// The largest logical size a volume may be given: 2^63 - 2^30 bytes (8
+/// EiB less 1 GiB). NBD sends the export size as an unsigned 64-bit
+/// number, but its clients take it as a signed one (qemu, the Linux
+/// kernel, libnbd: 2^63 reads as negative, or as 0), and qemu opens no
+/// image longer than 2^63 aligned down to 1 GiB (its BDRV_MAX_LENGTH:
+/// qemu-img 10.0 opens 2^63 - 2^30 bytes and refuses 4 KiB more with
+/// "File too large"). The engine and the format would hold more: LBAs
+/// are 64 bits in full record headers and checkpoint runs (short headers,
+/// 40 bits, are written only where they fit), byte offsets stay under
+/// 2^64.
+pub const MAX_LOGICAL_SIZE: u64 = (1 << 63) - (1 << 30);
+
+const _: () = assert!(MAX_LOGICAL_SIZE.is_multiple_of(SECTOR));
+
+/// A logical size `create` and `resize` accept: a positive multiple of
+/// 4096 up to [`MAX_LOGICAL_SIZE`].
+fn check_logical_size(bytes: u64) -> Result<()> {
+    if bytes == 0 || !bytes.is_multiple_of(SECTOR) {
+        return Err(EngineError::Invalid(format!(
+            "size {bytes}: must be a positive multiple of {SECTOR}"
+        )));
+    }
+    if bytes > MAX_LOGICAL_SIZE {
+        return Err(EngineError::Invalid(format!(
+            "size {bytes}: the largest logical size is {MAX_LOGICAL_SIZE} bytes (8 EiB less \
+             1 GiB), the most NBD clients take (qemu, the Linux kernel and libnbd read the \
+             export size as a signed 64-bit number, and qemu aligns it down to 1 GiB)"
+        )));
+    }
+    Ok(())
 }
 
 impl Drop for Volume {

@@ -332,7 +332,18 @@ impl FileStorage {
         if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
-                "the volume is in use by another process (a running `squeeze serve`?)",
+                if how == libc::LOCK_SH {
+                    format!(
+                        "the volume is open for writing in {}",
+                        super::holder::describe(&self.file)
+                    )
+                } else {
+                    format!(
+                        "the volume is in use by {}; one process at a time may open a \
+                         volume for writing",
+                        super::holder::describe(&self.file)
+                    )
+                },
             ));
         }
         Err(e)

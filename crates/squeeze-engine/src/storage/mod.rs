@@ -9,6 +9,7 @@
 
 mod direct;
 mod file;
+mod holder;
 mod sim;
 pub mod write_behind;
 
