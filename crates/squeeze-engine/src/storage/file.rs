@@ -431,12 +431,32 @@ impl Storage for FileStorage {
         }
     }
 
-    /// Through the page cache whatever the mode: a small write that needs
-    /// no device I/O of its own (the next fdatasync takes it along). The
-    /// write-behind pool never stages these pages, so no staged chunk
-    /// writes older bytes over them.
+    /// Through the page cache whatever the mode (the write-behind pool
+    /// never stages these pages, so no staged chunk writes older bytes over
+    /// them), then the page's writeback is started at once
+    /// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, which does not wait): by
+    /// the next fdatasync the page is usually clean, so that fdatasync does
+    /// not wait for a second device write (a flush mark after each flush
+    /// cost pg_test_fsync through the FUSE export 186 -> 228 us without it).
     fn write_through(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.file.write_all_at(data, offset)
+        self.file.write_all_at(data, offset)?;
+        // SAFETY: sync_file_range on an fd we own, with integer arguments.
+        let rc = unsafe {
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                offset as libc::off64_t,
+                data.len() as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )
+        };
+        // Only a hint: the next fdatasync writes the page back either way.
+        if rc != 0 {
+            tracing::debug!(
+                "sync_file_range: {} (the next fdatasync writes the page)",
+                io::Error::last_os_error()
+            );
+        }
+        Ok(())
     }
 
     fn sync(&self) -> io::Result<()> {
