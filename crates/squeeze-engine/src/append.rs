@@ -352,10 +352,15 @@ impl Inner {
             return Err(e);
         }
         synced.ticket = upto;
-        if let Err(e) = flush_marks::mark(&*self.storage, &self.uuid, &mut synced, upto_seq) {
-            let e = EngineError::Io(e);
-            self.poison(&e);
-            return Err(e);
+        let mark = flush_marks::next(&self.uuid, &mut synced, upto_seq);
+        // The next group's fdatasync need not wait for this mark's write.
+        drop(synced);
+        if let Some(m) = mark {
+            if let Err(e) = flush_marks::write(&*self.storage, &m) {
+                let e = EngineError::Io(e);
+                self.poison(&e);
+                return Err(e);
+            }
         }
         self.counters.add(Counter::Flushes, 1);
         Ok(())

@@ -1,8 +1,8 @@
 //! Flush marks: the durable record of what the clients' flushes made
 //! durable, so that recovery can tell a torn tail of writes nobody was
 //! promised (passed over) from flushed records that are gone (damage,
-//! reported). Two 4 KiB slots after the superblocks, written alternately
-//! (slot = count % 2) after each fdatasync of a client flush, through the
+//! reported). Sixteen 4 KiB slots after the superblocks, written in turn
+//! (slot = count % 16) after each fdatasync of a client flush, through the
 //! page cache and without a sync of their own: a mark survives the
 //! process's death at once and a power cut from the next fdatasync on, and
 //! a mark only ever claims an fdatasync that had returned.
@@ -12,7 +12,7 @@
 //!       8  version      u32  1
 //!      12  reserved     u32  0
 //!      16  uuid         [16] the volume's
-//!      32  count        u64  marks written over the volume's life; slot = count % 2
+//!      32  count        u64  marks written over the volume's life; slot = count % 16
 //!      40  epoch_seq    u64  the first seq of this open of the volume
 //!      48  flushed_seq  u64  every record with epoch_seq <= seq < flushed_seq
 //!                            was durable when this mark was written

@@ -3,9 +3,8 @@
 //! ```text
 //! offset 0        superblock slot 0 (4 KiB)
 //! offset 4 KiB    superblock slot 1 (4 KiB)
-//! offset 8 KiB    flush mark slot 0 (4 KiB)
-//! offset 12 KiB   flush mark slot 1 (4 KiB)
-//! offset 16 KiB   unused, zero (reserved up to DATA_START)
+//! offset 8 KiB    flush mark slots 0..16 (4 KiB each)
+//! offset 72 KiB   unused, zero (reserved up to DATA_START)
 //! DATA_START      segment 0 | segment 1 | ... | segment N-1
 //!                 (each segment_size bytes; a segment holds either log
 //!                  records or a piece of a checkpoint, never both)
@@ -27,8 +26,10 @@ pub const FLUSH_MARK_START: u64 = SUPERBLOCK_SIZE as u64 * SUPERBLOCK_SLOTS;
 /// Size of one flush mark slot (a page of its own, so that a torn write of
 /// one slot never touches the other or a superblock).
 pub const FLUSH_MARK_SLOT_SIZE: usize = 4096;
-/// Number of flush mark slots (written alternately).
-pub const FLUSH_MARK_SLOTS: u64 = 2;
+/// Number of flush mark slots (written in turn: a page is rewritten only
+/// every 16 flushes, when its writeback has long finished, so a mark never
+/// waits for the page's previous write to reach the device).
+pub const FLUSH_MARK_SLOTS: u64 = 16;
 /// Where segment 0 starts.
 pub const DATA_START: u64 = 1 << 20;
 /// Alignment of log records inside a segment, in bytes.

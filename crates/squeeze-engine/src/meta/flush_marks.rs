@@ -1,7 +1,7 @@
 //! Flush marks at run time and at open (`squeeze_format::flush_mark` has
 //! the layout): after each fdatasync of a client flush, the seq below
-//! which every record of this open is durable goes to the next of the two
-//! mark slots, through the page cache (`Storage::write_through`), before the
+//! which every record of this open is durable goes to the next of the
+//! sixteen mark slots, through the page cache (`Storage::write_through`), before the
 //! flush returns. Recovery reads the newest mark: a record missing below
 //! its seq was flushed, so its absence is damage, never a torn tail.
 //!
@@ -48,18 +48,19 @@ pub(crate) fn read(storage: &dyn Storage, uuid: &[u8; 16]) -> io::Result<Option<
     Ok(FlushMark::newest(&area, uuid))
 }
 
-/// Records that every record of this open with a seq below `flushed_seq`
-/// is durable (an fdatasync that began after they were written returned).
-/// Nothing is written when the last mark already says as much.
-/// `flushed_end` is the log head when `flushed_seq` was the next seq.
-pub(crate) fn mark(
-    storage: &dyn Storage,
+/// The mark saying that every record of this open with a seq below
+/// `flushed_seq` is durable (an fdatasync that began after they were
+/// written returned), `flushed_end` being the log head when `flushed_seq`
+/// was the next seq; None when the last mark already says as much. Called
+/// under the flush's second stage lock, which orders the marks' counts;
+/// the caller writes the mark ([`write`]) after letting the lock go.
+pub(crate) fn next(
     uuid: &[u8; 16],
     synced: &mut Synced,
     (flushed_seq, flushed_end): (u64, u64),
-) -> io::Result<()> {
+) -> Option<FlushMark> {
     if flushed_seq <= synced.marked_seq {
-        return Ok(());
+        return None;
     }
     let m = FlushMark {
         uuid: *uuid,
@@ -68,9 +69,16 @@ pub(crate) fn mark(
         flushed_seq,
         flushed_end,
     };
-    let bytes: [u8; FLUSH_MARK_LEN] = m.encode();
-    storage.write_through(&bytes, m.offset())?;
     synced.count += 1;
     synced.marked_seq = flushed_seq;
-    Ok(())
+    Some(m)
+}
+
+/// Writes a mark to its slot. Marks of concurrent flushes may land out of
+/// order; a slot is reused only sixteen marks later, and recovery takes
+/// the mark that claims the most, so a late older mark never hides a newer
+/// one that claims more.
+pub(crate) fn write(storage: &dyn Storage, m: &FlushMark) -> io::Result<()> {
+    let bytes: [u8; FLUSH_MARK_LEN] = m.encode();
+    storage.write_through(&bytes, m.offset())
 }
