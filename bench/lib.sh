@@ -218,6 +218,7 @@ sq_result() { # sq_result KEY=VALUE... | sq_result - [KEY=VALUE...] < JSON lines
   python3 "$SQ_RESULTS_PY" add "$OUT/results.jsonl" "$@" || sq_die "could not add to $OUT/results.jsonl"
 }
 
+# shellcheck disable=SC2120 # the arguments are optional
 sq_emit() { # stdin: JSON-object lines to OUT/results.jsonl (with KEY=VALUE...), other lines to stdout
   local line json=()
   while IFS= read -r line || [[ -n $line ]]; do
@@ -226,6 +227,7 @@ sq_emit() { # stdin: JSON-object lines to OUT/results.jsonl (with KEY=VALUE...),
   ((${#json[@]} == 0)) || printf '%s\n' "${json[@]}" | sq_result - "$@"
 }
 
+# shellcheck disable=SC2120 # the argument is optional
 sq_table() { # sq_table: from results.jsonl; sq_table -: stdin, copied to stdout
   ((SQ_OUT_MADE)) || [[ -n ${OUT:-} && -d ${OUT:-} ]] || sq_die "sq_table before sq_out"
   if [[ ${1:-} == - ]]; then
