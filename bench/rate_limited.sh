@@ -14,10 +14,11 @@
 #    at once): bytes written, below_target_bytes, and so the share compressed inline with the
 #    target codec = 1 - below_target / written. The target: at least 95% at FRACTION 0.5.
 # One line per run on stdout and in OUT/results.jsonl (table: OUT/table.md); raw fio JSON, stats
-# and server logs under OUT. The volumes are in a scratch directory under /tmp, removed at exit.
+# and server logs under OUT. The volumes are in a scratch directory under SCRATCH_BASE, removed
+# at exit.
 #
 # Env: FRACTIONS ("0.5 0.75"), SIZE (2g: fio's size per run), REPS (1), OUT
-#      (results/rate_limited-<time>), BENCH_LOCK (/tmp/bench.lock), SQUEEZE_SERVE_ARGS, BIN (a
+#      (results/rate_limited-<time>), SCRATCH_BASE (/tmp), BENCH_LOCK (/tmp/bench.lock), SQUEEZE_SERVE_ARGS, BIN (a
 #      squeeze binary to use instead of building one), CARGO_TARGET_DIR.
 # Needs fio (with its nbd engine), flock, python3. The whole run holds the bench lock
 # (bench/README.md).
@@ -35,7 +36,7 @@ for t in fio flock python3; do command -v "$t" >/dev/null || sq_die "missing $t"
 fio --enghelp 2>/dev/null | grep -qw nbd || sq_die "this fio has no nbd engine (Debian's fio has it)"
 sq_lock
 sq_bin
-SCR=$(mktemp -d /tmp/squeeze-rate.XXXXXX)
+SCR=$(mktemp -d "${SCRATCH_BASE:-/tmp}/squeeze-rate.XXXXXX")
 cleanup() { sq_serve_stop srv; rm -rf "$SCR"; }
 sq_on_exit cleanup
 sq_out rate_limited "$SCR"

@@ -13,10 +13,10 @@
 # CPU as much as the copy; W3_LOCKED=1, as SQ_LOCKED=1: the caller holds it already). Output: one
 # line per copy on stdout (peer, seconds, MB/s, du bytes, du ratio) and per settle sample (du
 # ratio, live ratio, below-target bytes, ...), each also a line of OUT/results.jsonl (tables in
-# OUT/table.md); logs in OUT/PEER-REP/. The peers' files are in a scratch directory under /tmp
-# (du counts each peer's directory there), removed at exit.
+# OUT/table.md); logs in OUT/PEER-REP/. The peers' files are in a scratch directory under
+# SCRATCH_BASE (du counts each peer's directory there), removed at exit.
 # Env: REPS (3), SETTLE ("0 10 30 60"), TAR (~/.cache/squeeze-bench/usr.tar), OUT
-#      (results/w3-<time>), BENCH_LOCK (/tmp/bench.lock), PEERS ("raw squeeze squeeze-no-adapt"),
+#      (results/w3-<time>), SCRATCH_BASE (/tmp), BENCH_LOCK (/tmp/bench.lock), PEERS ("raw squeeze squeeze-no-adapt"),
 #      SQUEEZE_SERVE_ARGS (extra serve options), BIN (a squeeze binary instead of building one),
 #      CARGO_TARGET_DIR.
 set -euo pipefail
@@ -37,7 +37,7 @@ for t in qemu-nbd nbdcopy nbdinfo flock; do command -v "$t" >/dev/null || sq_die
 [[ ${W3_LOCKED:-0} != 1 ]] || export SQ_LOCKED=1
 sq_lock
 sq_bin
-SCR=$(mktemp -d /tmp/squeeze-w3.XXXXXX)
+SCR=$(mktemp -d "${SCRATCH_BASE:-/tmp}/squeeze-w3.XXXXXX")
 PID=0
 stop() { # stop PEER: its server
   if [[ $1 == raw ]]; then
