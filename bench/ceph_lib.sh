@@ -89,6 +89,7 @@ osd_data = $SCR/osd/\$id
 bluestore_block_path = $SCR/dev/\$name
 EOF
   export CEPH_CONF=$SCR/ceph.conf
+  # shellcheck disable=SC2034 # for the callers
   CEPH_NOSD=$nosd
 }
 
@@ -171,8 +172,10 @@ ceph_stop() {
 }
 
 # The report of the scripts that pass or fail (ceph_dead_drive.sh, ceph_thin.sh).
+# shellcheck disable=SC2034 # read by the callers
 FAILED=0
 say() { echo "$*" | tee -a "$OUT/summary.txt"; sq_result said="$*" failed:=false; }
+# shellcheck disable=SC2034 # read by the callers
 fail() { echo "FAIL: $*" | tee -a "$OUT/summary.txt"; sq_result said="FAIL: $*" failed:=true; FAILED=1; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; } # seconds since T
