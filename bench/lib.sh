@@ -117,7 +117,7 @@ sq_ancestor() { # sq_ancestor PID: true if PID is this shell or one of its ances
 }
 
 sq_lock() {
-  local p holders=() who=() t0
+  local p c holders=() who=() t0
   [[ -z ${SQ_LOCK_FD:-} ]] || return 0
   [[ -e $SQ_LOCK ]] || : >>"$SQ_LOCK" || sq_die "cannot create $SQ_LOCK"
   exec {SQ_LOCK_FD}<"$SQ_LOCK" || sq_die "cannot open $SQ_LOCK"
@@ -135,7 +135,8 @@ sq_lock() {
       sq_log "$SQ_LOCK is held by the caller; going on"
     else
       for p in "${holders[@]}"; do
-        who+=("pid $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-100)")
+        c=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-100) || c=""
+        who+=("pid $p${c:+: $c}")
       done
       t0=$SECONDS
       sq_log "waiting for $SQ_LOCK${who[*]:+ (held by ${who[*]})}"
