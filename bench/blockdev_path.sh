@@ -13,13 +13,15 @@
 #
 # Per path and job: MB/s (IOPS for 4 KiB), and CPU seconds per GiB written, whole machine
 # (/proc/stat busy time) and the server's processes (squeeze serve, plus nbdfuse on that path,
-# from /proc/PID/stat). One table row per path and job on stdout; raw fio JSON under $OUT.
-# The measuring part holds `flock $BENCH_LOCK`. Needs root, fio, losetup, nbdfuse (for that
-# path), fusermount3.
+# from /proc/PID/stat). One table row per path and job on stdout and in OUT/results.jsonl (table:
+# OUT/table.md); raw fio JSON and server logs under OUT. The volume, the plain file and the
+# mounts are in a scratch directory under SCRATCH_BASE, removed at exit.
+# The whole run holds the bench lock (bench/README.md). Needs root, fio, losetup, nbdfuse (for
+# that path), fusermount3.
 #
 # Env: PATHS ("fuse nbdfuse plain"), SIZE (2g), RUNTIME (20 s per job), REPS (1), OUT
-#      (/tmp/squeeze-blockdev.<time>), BENCH_LOCK (/tmp/bench.lock), BIN (a squeeze binary instead
-#      of building one), SQUEEZE_SERVE_ARGS.
+#      (results/blockdev_path-<time>), SCRATCH_BASE (/tmp), BENCH_LOCK (/tmp/bench.lock), BIN (a
+#      squeeze binary instead of building one), SQUEEZE_SERVE_ARGS.
 set -euo pipefail
 
 SQ_PROG=bench/blockdev_path.sh
@@ -30,8 +32,6 @@ PATHS=${PATHS:-fuse nbdfuse plain}
 SIZE=${SIZE:-2g}
 RUNTIME=${RUNTIME:-20}
 REPS=${REPS:-1}
-OUT=${OUT:-/tmp/squeeze-blockdev.$(date +%Y%m%d-%H%M%S)}
-LOCK=${BENCH_LOCK:-/tmp/bench.lock}
 
 [[ $(id -u) == 0 ]] || sq_die "run as root (loop devices, FUSE mounts)"
 for t in fio losetup flock python3 fusermount3; do
@@ -39,25 +39,27 @@ for t in fio losetup flock python3 fusermount3; do
 done
 [[ " $PATHS " != *" nbdfuse "* ]] || command -v nbdfuse >/dev/null \
   || sq_die "missing nbdfuse (apt-get install nbdfuse), or leave it out of PATHS"
+sq_lock
 sq_bin
-mkdir -p "$OUT"
-sq_machine "$OUT/machine.txt" "$OUT"
-cat "$OUT/machine.txt" >&2
-
-SCR=$OUT/scratch
-PIDS=()
+SCR=$(mktemp -d "${SCRATCH_BASE:-/tmp}/squeeze-blockdev.XXXXXX")
+PIDS=()    # the server's processes, whose CPU counts: squeeze serve, and nbdfuse on that path
+NBDFUSE=""
 LOOP=""
 cleanup() {
   [[ -z $LOOP ]] || losetup -d "$LOOP" 2>/dev/null || true
   LOOP=""
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  sq_serve_stop srv
+  [[ -z $NBDFUSE ]] || { kill "$NBDFUSE" 2>/dev/null || true; wait "$NBDFUSE" 2>/dev/null || true; }
+  NBDFUSE=""
   PIDS=()
   for m in "$SCR/fuse" "$SCR/nbdfuse"; do
     mountpoint -q "$m" 2>/dev/null && { fusermount3 -u "$m" 2>/dev/null || umount -l "$m" || true; }
   done
   rm -rf "$SCR"
 }
-trap cleanup EXIT
+sq_on_exit cleanup
+sq_out blockdev_path "$SCR"
+cat "$OUT/machine.txt" >&2
 
 wait_for() { # wait_for FILE
   local i
@@ -71,20 +73,19 @@ setup() { # setup PATH: start what the path needs; sets LOOP, SERVER_PIDS
   case $path in
     fuse)
       # shellcheck disable=SC2086
-      "$BIN" serve --socket "$SCR/nbd.sock" --size 16G --fuse-dir "$SCR/fuse" \
-        ${SQUEEZE_SERVE_ARGS:-} "$SCR/vol.sqz" >"$OUT/$path.server.log" 2>&1 &
-      PIDS+=($!)
-      wait_for "$SCR/fuse/vol"
+      sq_serve_start srv "$OUT/$path.server.log" --ready "$SCR/fuse/vol" -- \
+        --socket "$SCR/nbd.sock" --size 16G --fuse-dir "$SCR/fuse" ${SQUEEZE_SERVE_ARGS:-} "$SCR/vol.sqz"
+      PIDS+=("$(sq_serve_pid srv)")
       file=$SCR/fuse/vol ;;
     nbdfuse)
       # shellcheck disable=SC2086
-      "$BIN" serve --socket "$SCR/nbd.sock" --size 16G ${SQUEEZE_SERVE_ARGS:-} "$SCR/vol.sqz" \
-        >"$OUT/$path.server.log" 2>&1 &
-      PIDS+=($!)
-      wait_for "$SCR/nbd.sock"
+      sq_serve_start srv "$OUT/$path.server.log" --ready "$SCR/nbd.sock" -- \
+        --socket "$SCR/nbd.sock" --size 16G ${SQUEEZE_SERVE_ARGS:-} "$SCR/vol.sqz"
+      PIDS+=("$(sq_serve_pid srv)")
       mkdir -p "$SCR/nbdfuse"
       nbdfuse "$SCR/nbdfuse/vol" "nbd+unix:///?socket=$SCR/nbd.sock" >"$OUT/$path.nbdfuse.log" 2>&1 &
-      PIDS+=($!)
+      NBDFUSE=$!
+      PIDS+=("$NBDFUSE")
       wait_for "$SCR/nbdfuse/vol"
       file=$SCR/nbdfuse/vol ;;
     plain)
@@ -116,7 +117,7 @@ job() { # job PATH NAME RW BS: one fio job on $LOOP, one result line
     --buffer_compress_chunk=4k --refill_buffers --randrepeat=1 --output-format=json >"$tag.json" \
     2>"$tag.err" || sq_die "fio $name on $path failed: $(tail -n3 "$tag.err")"
   b1=$(cpu_busy); p1=$(proc_cpu)
-  python3 - "$tag.json" "$path" "$name" "$((b1 - b0))" "$((p1 - p0))" "$(getconf CLK_TCK)" "$rep" <<'EOF'
+  python3 - "$tag.json" "$path" "$name" "$((b1 - b0))" "$((p1 - p0))" "$(getconf CLK_TCK)" "$rep" <<'EOF' | sq_emit
 import json, sys
 path, tag, name, busy, proc, hz, rep = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
 t = open(path).read()
@@ -126,12 +127,12 @@ side = job["read"] if job["read"]["io_bytes"] > job["write"]["io_bytes"] else jo
 gib = side["io_bytes"] / 2**30
 print(f"{rep}\t{tag}\t{name}\t{side['bw_bytes'] / 1e6:.1f} MB/s\t{side['iops']:.0f} IOPS\t"
       f"machine {busy / hz / gib:.2f} CPU s/GiB\tserver {proc / hz / gib:.2f} CPU s/GiB")
+print(json.dumps({"rep": int(rep), "path": tag, "job": name, "MB/s": side["bw_bytes"] / 1e6,
+                  "IOPS": side["iops"], "gib": gib, "machine_cpu_s_per_gib": busy / hz / gib,
+                  "server_cpu_s_per_gib": proc / hz / gib}))
 EOF
 }
 
-exec 9>"$LOCK"
-sq_log "waiting for $LOCK"
-flock 9
 printf 'rep\tpath\tjob\tbandwidth\tIOPS\tmachine CPU\tserver CPU\n'
 for ((rep = 1; rep <= REPS; rep++)); do
   for path in $PATHS; do
@@ -142,4 +143,5 @@ for ((rep = 1; rep <= REPS; rep++)); do
     cleanup
   done
 done
-sq_log "raw output in $OUT"
+sq_table
+sq_log "results in $OUT (table.md, results.jsonl; raw fio JSON, server logs)"

@@ -31,18 +31,21 @@
 # machine (/proc/stat), while the writes ran (the server's CPU in the idle time after them is in
 # results.jsonl, idle_server_ticks).
 #
-# Output: a markdown table on stdout and in OUT/table.md, OUT/results.jsonl, OUT/machine.txt,
-# and per configuration the fio JSON, Ceph's logs and the server's log under OUT/CONFIG/
-# (OUT/CONFIG.rN/ with REPS > 1). With REPS > 1 the configurations run in turn REPS times (one
-# row each, so a slow minute of the host falls on every configuration alike), and a second table
-# gives each configuration's median write MB/s and the median of its write over the first
-# configuration's write in the same repetition.
+# Output: a markdown table on stdout and in OUT/table.md, OUT/results.jsonl (a line per
+# configuration and repetition), OUT/machine.txt, and per configuration the fio JSON, Ceph's logs
+# and the server's log under OUT/CONFIG/ (OUT/CONFIG.rN/ with REPS > 1). The cluster's files and
+# the devices' backing files are in a scratch directory under SCRATCH_BASE, removed at exit.
+# With REPS > 1 the configurations run in turn REPS times (one row each, so a slow minute of the
+# host falls on every configuration alike), and a second table gives each configuration's median
+# write MB/s and the median of its write over the first configuration's write in the same
+# repetition.
 # Env: CONFIGS, REPS (1), FIO_SIZE (2g), RANDWRITE_SECONDS (30), REAL_MB (512), DEV_SIZE (32G: the
-#      device, thin on both sides), OUT (/var/tmp/squeeze-ceph.<time>), BENCH_LOCK
-#      (/tmp/bench.lock), BIN (a squeeze binary instead of building one), SQUEEZE_SERVE_ARGS,
-#      IDLE_MAX (120).
-# Needs root (loop devices, FUSE), fio with its rbd engine, and Ceph: as root, `apt-get install
-# ceph-mon ceph-mgr ceph-osd ceph-common fio` when missing (INSTALL=0 refuses).
+#      device, thin on both sides), OUT (results/ceph_compare-<time>), SCRATCH_BASE (/var/tmp),
+#      BENCH_LOCK (/tmp/bench.lock), BIN (a squeeze binary instead of building one),
+#      SQUEEZE_SERVE_ARGS, IDLE_MAX (120).
+# The whole run holds the bench lock (bench/README.md). Needs root (loop devices, FUSE), fio
+# with its rbd engine, and Ceph: as root, `apt-get install ceph-mon ceph-mgr ceph-osd ceph-common
+# fio` when missing (INSTALL=0 refuses).
 set -euo pipefail
 
 SQ_PROG=bench/ceph_compare.sh
@@ -57,35 +60,29 @@ RANDWRITE_SECONDS=${RANDWRITE_SECONDS:-30}
 REAL_MB=${REAL_MB:-512}
 DEV_SIZE=${DEV_SIZE:-32G}
 IDLE_MAX=${IDLE_MAX:-120}
-OUT=${OUT:-/var/tmp/squeeze-ceph.$(date +%Y%m%d-%H%M%S)}
-LOCK=${BENCH_LOCK:-/tmp/bench.lock}
 
 [[ $(id -u) == 0 ]] || sq_die "run as root (loop devices, FUSE mounts, Ceph daemons)"
 # shellcheck source=bench/ceph_lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/ceph_lib.sh"
 ceph_need
+sq_lock
 sq_bin
-mkdir -p "$OUT"
-sq_machine "$OUT/machine.txt" "$OUT"
-echo "ceph: $(ceph --version 2>/dev/null | head -n1)" >>"$OUT/machine.txt"
-echo "fio: $(fio --version)" >>"$OUT/machine.txt"
-
-SCR=$OUT/scratch
+SCR=$(mktemp -d "${SCRATCH_BASE:-/var/tmp}/squeeze-ceph.XXXXXX")
 LOOP=""
 SERVER=""
 cleanup() {
   ceph_stop
   [[ -z $LOOP ]] || losetup -d "$LOOP" 2>/dev/null || true
   LOOP=""
-  if [[ -n $SERVER ]]; then
-    kill "$SERVER" 2>/dev/null || true
-    wait "$SERVER" 2>/dev/null || true
-  fi
+  sq_serve_stop osd0
   SERVER=""
   mountpoint -q "$SCR/fuse" 2>/dev/null && { fusermount3 -u "$SCR/fuse" 2>/dev/null || umount -l "$SCR/fuse" || true; }
   rm -rf "$SCR"
 }
-trap cleanup EXIT
+sq_on_exit cleanup
+sq_out ceph_compare "$SCR"
+echo "ceph: $(ceph --version 2>/dev/null | head -n1)" >>"$OUT/machine.txt"
+echo "fio: $(fio --version)" >>"$OUT/machine.txt"
 
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 machine_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
@@ -106,10 +103,10 @@ device() { # sets LOOP: the OSD's block device
   local file
   if [[ $KIND == squeeze ]]; then
     # shellcheck disable=SC2086
-    "$BIN" serve --socket "$SCR/nbd.sock" --control "$SCR/ctl.sock" --size "$DEV_SIZE" \
-      --fuse-dir "$SCR/fuse" ${SQUEEZE_SERVE_ARGS:-} "$SCR/osd0.sqz" >"$CDIR/squeeze.log" 2>&1 &
-    SERVER=$!
-    ceph_wait 30 "the FUSE export of $SCR/osd0.sqz" test -e "$SCR/fuse/osd0"
+    sq_serve_start osd0 "$CDIR/squeeze.log" --ready "$SCR/fuse/osd0" -- \
+      --socket "$SCR/nbd.sock" --control "$SCR/ctl.sock" --size "$DEV_SIZE" \
+      --fuse-dir "$SCR/fuse" ${SQUEEZE_SERVE_ARGS:-} "$SCR/osd0.sqz"
+    SERVER=$(sq_serve_pid osd0)
     file=$SCR/fuse/osd0
   else
     truncate -s "$DEV_SIZE" "$SCR/osd0.img"
@@ -171,10 +168,6 @@ real_data() { # a tar of REAL_MB of /usr, imported as an RBD image
     || sq_die "rbd import failed: $(tail -n3 "$CDIR/rbd-import.log")"
 }
 
-exec 9>"$LOCK"
-sq_log "waiting for $LOCK"
-flock 9
-: >"$OUT/results.jsonl"
 fio_gib=$(python3 -c "
 s='$FIO_SIZE'.lower(); m={'k':2**10,'m':2**20,'g':2**30,'t':2**40}
 print((int(s[:-1])*m[s[-1]] if s[-1] in m else int(s)) / 2**30)")
@@ -204,13 +197,12 @@ for c in $CONFIGS; do
   measure randwrite 0 fio_job randwrite rand randwrite 4k 32 --size=4g --time_based --runtime="$RANDWRITE_SECONDS"
   cp "$SCR"/log/*.log "$CDIR/" 2>/dev/null || true
   echo "{\"config\": \"$c\", \"rep\": $rep, \"dir\": \"$CDIR_NAME\", \"hz\": $(getconf CLK_TCK), $(IFS=,; echo "${RESULT[*]}")}" \
-    | tr -d '\n' >>"$OUT/results.jsonl"
-  echo >>"$OUT/results.jsonl"
+    | tr -d '\n' | sq_result -
   cleanup
 done
 done
 
-python3 - "$OUT" <<'EOF' | tee "$OUT/table.md"
+python3 - "$OUT" <<'EOF' | sq_table -
 import json, sys
 out = sys.argv[1]
 def fio(cfg, name):

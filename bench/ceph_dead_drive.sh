@@ -21,12 +21,15 @@
 #   5. A deep scrub of every placement group; `rados list-inconsistent-pg` must be empty.
 #   6. fio reads all three images back and checks every block (verify_only).
 #   7. Each server's volume is closed and `squeeze check` must find it clean.
-# Exit status 0 only when every step passed. Output: OUT/summary.txt (also on stdout), fio's
-# JSON and logs, Ceph's and the servers' logs under OUT.
+# Exit status 0 only when every step passed. Output: OUT/summary.txt (also on stdout; each line
+# also in OUT/results.jsonl, with "failed", and OUT/table.md), fio's JSON and logs, Ceph's and the
+# servers' logs under OUT. The cluster's files and the volumes are in a scratch directory under
+# SCRATCH_BASE, removed at exit. The whole run holds the bench lock (bench/README.md).
 #
 # Env: NOSD (3), POOL_SIZE (3), VICTIM (1), IMAGE_SIZE (512m), RATE (8m: bytes/s of the
 #      `during` writer), KILL_AFTER (15), DEV_SIZE (16G, thin), OUT
-#      (/var/tmp/squeeze-ceph-dead.<time>), BENCH_LOCK, BIN, SQUEEZE_SERVE_ARGS.
+#      (results/ceph_dead_drive-<time>), SCRATCH_BASE (/var/tmp), BENCH_LOCK, BIN,
+#      SQUEEZE_SERVE_ARGS.
 # Needs root, Debian's Ceph and fio with rbd (installed by apt-get when missing; INSTALL=0
 # refuses).
 set -euo pipefail
@@ -45,28 +48,23 @@ IMAGE_SIZE=${IMAGE_SIZE:-512m}
 RATE=${RATE:-8m}
 KILL_AFTER=${KILL_AFTER:-15}
 DEV_SIZE=${DEV_SIZE:-16G}
-OUT=${OUT:-/var/tmp/squeeze-ceph-dead.$(date +%Y%m%d-%H%M%S)}
-LOCK=${BENCH_LOCK:-/tmp/bench.lock}
 ((VICTIM < NOSD)) || sq_die "VICTIM=$VICTIM is not one of the $NOSD OSDs"
 ((POOL_SIZE >= 2 && POOL_SIZE <= NOSD)) || sq_die "POOL_SIZE must be 2..=NOSD"
 
 ceph_need
+sq_lock
 sq_bin
-mkdir -p "$OUT"
-sq_machine "$OUT/machine.txt" "$OUT"
-echo "ceph: $(ceph --version 2>/dev/null | head -n1)" >>"$OUT/machine.txt"
-SCR=$OUT/scratch
-CDIR=$OUT
+SCR=$(mktemp -d "${SCRATCH_BASE:-/var/tmp}/squeeze-ceph-dead.XXXXXX")
 declare -A SERVER LOOP
 
 server_start() { # server_start I: squeeze serve for OSD I's volume, a loop device on its export
   local i=$1
   mkdir -p "$SCR/dev"
   # shellcheck disable=SC2086
-  "$BIN" serve --socket "$SCR/nbd$i.sock" --control "$SCR/ctl$i.sock" --size "$DEV_SIZE" \
-    --fuse-dir "$SCR/fuse$i" ${SQUEEZE_SERVE_ARGS:-} "$SCR/osd$i.sqz" >>"$OUT/squeeze$i.log" 2>&1 &
-  SERVER[$i]=$!
-  ceph_wait 60 "the FUSE export of osd$i.sqz" test -e "$SCR/fuse$i/osd$i"
+  sq_serve_start "osd$i" "$OUT/squeeze$i.log" --ready "$SCR/fuse$i/osd$i" -- \
+    --socket "$SCR/nbd$i.sock" --control "$SCR/ctl$i.sock" --size "$DEV_SIZE" \
+    --fuse-dir "$SCR/fuse$i" ${SQUEEZE_SERVE_ARGS:-} "$SCR/osd$i.sqz"
+  SERVER[$i]=$(sq_serve_pid "osd$i")
   LOOP[$i]=$(losetup -f --show --direct-io=on "$SCR/fuse$i/osd$i")
   echo 0 >"/sys/block/${LOOP[$i]#/dev/}/queue/rotational" 2>/dev/null || true
   ln -sfn "${LOOP[$i]}" "$SCR/dev/osd.$i"
@@ -76,10 +74,7 @@ server_stop() { # server_stop I: SIGTERM (the volume closes cleanly), the loop d
   local i=$1
   [[ -n ${LOOP[$i]:-} ]] && { losetup -d "${LOOP[$i]}" 2>/dev/null || true; }
   LOOP[$i]=""
-  if [[ -n ${SERVER[$i]:-} ]]; then
-    kill "${SERVER[$i]}" 2>/dev/null || true
-    wait "${SERVER[$i]}" 2>/dev/null || true
-  fi
+  sq_serve_stop "osd$i"
   SERVER[$i]=""
 }
 
@@ -92,8 +87,10 @@ cleanup() {
   done
   rm -rf "$SCR"
 }
-trap cleanup EXIT
-
+sq_on_exit cleanup
+sq_out ceph_dead_drive "$SCR"
+echo "ceph: $(ceph --version 2>/dev/null | head -n1)" >>"$OUT/machine.txt"
+CDIR=$OUT
 
 fio_rbd() { # fio_rbd NAME IMAGE [extra...]: 128 KiB sequential blocks with verify headers
   local name=$1 image=$2
@@ -104,9 +101,6 @@ fio_rbd() { # fio_rbd NAME IMAGE [extra...]: 128 KiB sequential blocks with veri
     --verify_fatal=1 --output-format=json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
 }
 
-exec 9>"$LOCK"
-sq_log "waiting for $LOCK"
-flock 9
 : >"$OUT/summary.txt"
 sq_log "a cluster of $NOSD OSDs on squeeze volumes, pool size $POOL_SIZE"
 ceph_conf "$NOSD" "$POOL_SIZE"
@@ -137,7 +131,7 @@ sleep "$KILL_AFTER"
 kill -9 "${SERVER[$VICTIM]}"
 t_kill=$(now)
 say "killed the squeeze server under osd.$VICTIM (pid ${SERVER[$VICTIM]}) at $(since "$t_start") s"
-wait "${SERVER[$VICTIM]}" 2>/dev/null || true
+sq_serve_stop "osd$VICTIM" KILL # (reaps it)
 SERVER[$VICTIM]=""
 if ceph_wait 120 "osd.$VICTIM down" ceph_osd_is "$VICTIM" down; then
   say "osd.$VICTIM marked down $(since "$t_kill") s after the kill"
@@ -172,7 +166,8 @@ else
 fi
 ceph_wait_clean 600
 say "every placement group active+clean $(since "$t_restart") s after the restart began"
-python3 - "$OUT"/during_bw*.log "$KILL_AFTER" <<'EOF' | tee -a "$OUT/summary.txt"
+stall=$(python3 - "$OUT"/during_bw*.log "$KILL_AFTER" <<'EOF'
+
 import sys
 *logs, kill = sys.argv[1:]
 kill = float(kill)
@@ -191,6 +186,8 @@ for t in range(int(kill), (secs[-1] + 1) if secs else 0):
 print(f"the client's writes: {len(secs)} seconds logged, the longest stall after the kill "
       f"{stall} s (seconds with no write completed)")
 EOF
+)
+say "$stall"
 
 sq_log "4. after: writing $IMAGE_SIZE"
 fio_rbd after after --do_verify=0 || fail "fio after: $(tail -n3 "$OUT/after.err")"
@@ -242,6 +239,8 @@ for ((i = 0; i < NOSD; i++)); do
 done
 cp "$SCR"/log/*.log "$OUT/" 2>/dev/null || true
 if ((FAILED)); then
+  sq_table
   sq_die "some steps failed (see $OUT/summary.txt)"
 fi
 say "PASSED: a dead drive under osd.$VICTIM cost no data (results in $OUT)"
+sq_table

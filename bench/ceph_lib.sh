@@ -15,7 +15,9 @@
 #   ceph_pool NAME PGS ALG           a replicated rbd pool; BlueStore compression ALG (none: off)
 #   ceph_wait_clean SECONDS          every placement group active+clean
 #   ceph_stop                        stop every daemon (SIGTERM, then SIGKILL after 10 s)
-#   say / fail / now / since T       the pass-or-fail scripts' report ($OUT/summary.txt, FAILED)
+#   say / fail / now / since T       the pass-or-fail scripts' report: a line on stdout, in
+#                                    $OUT/summary.txt and in $OUT/results.jsonl ({"said", "failed"});
+#                                    fail sets FAILED=1
 #   squeeze_stat SOCKET FIELD        one field of `squeeze stats --json` of a running server
 # Needs SCR (scratch dir) and CDIR (where logs of mkfs go); exports CEPH_CONF.
 # shellcheck shell=bash
@@ -87,6 +89,7 @@ osd_data = $SCR/osd/\$id
 bluestore_block_path = $SCR/dev/\$name
 EOF
   export CEPH_CONF=$SCR/ceph.conf
+  # shellcheck disable=SC2034 # for the callers
   CEPH_NOSD=$nosd
 }
 
@@ -169,9 +172,11 @@ ceph_stop() {
 }
 
 # The report of the scripts that pass or fail (ceph_dead_drive.sh, ceph_thin.sh).
+# shellcheck disable=SC2034 # read by the callers
 FAILED=0
-say() { echo "$*" | tee -a "$OUT/summary.txt"; }
-fail() { say "FAIL: $*"; FAILED=1; }
+say() { echo "$*" | tee -a "$OUT/summary.txt"; sq_result said="$*" failed:=false; }
+# shellcheck disable=SC2034 # read by the callers
+fail() { echo "FAIL: $*" | tee -a "$OUT/summary.txt"; sq_result said="FAIL: $*" failed:=true; FAILED=1; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; } # seconds since T
 

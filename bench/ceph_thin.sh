@@ -22,11 +22,14 @@
 #   5. The OSD restarts; every placement group active+clean; fio reads `kept` back and checks
 #      every block (verify_only).
 #   6. Everything stops; `squeeze check` of the volume must be clean.
-# Exit status 0 only when every step passed. Output: OUT/summary.txt (also on stdout), fio's
-# JSON, Ceph's and the server's logs under OUT.
+# Exit status 0 only when every step passed. Output: OUT/summary.txt (also on stdout; each line
+# also in OUT/results.jsonl, with "failed", and OUT/table.md), fio's JSON, Ceph's and the
+# server's logs under OUT. The cluster's files and the volume are in a scratch directory under
+# SCRATCH_BASE, removed at exit. The whole run holds the bench lock (bench/README.md).
 #
 # Env: CAP (3G), CAP2 (8G), DEV_SIZE (16G), KEPT_SIZE (1g), FILL_TIMEOUT (300 s),
-#      METRICS (127.0.0.1:19109), OUT (/var/tmp/squeeze-ceph-thin.<time>), BENCH_LOCK, BIN.
+#      METRICS (127.0.0.1:19109), OUT (results/ceph_thin-<time>), SCRATCH_BASE (/var/tmp),
+#      BENCH_LOCK, BIN.
 # Needs root, Debian's Ceph and fio with rbd (installed by apt-get when missing; INSTALL=0
 # refuses).
 set -euo pipefail
@@ -44,17 +47,12 @@ DEV_SIZE=${DEV_SIZE:-16G}
 KEPT_SIZE=${KEPT_SIZE:-1g}
 FILL_TIMEOUT=${FILL_TIMEOUT:-300}
 METRICS=${METRICS:-127.0.0.1:19109}
-OUT=${OUT:-/var/tmp/squeeze-ceph-thin.$(date +%Y%m%d-%H%M%S)}
-LOCK=${BENCH_LOCK:-/tmp/bench.lock}
 
+command -v curl >/dev/null || sq_die "curl is missing (apt-get install curl)"
 ceph_need
+sq_lock
 sq_bin
-mkdir -p "$OUT"
-sq_machine "$OUT/machine.txt" "$OUT"
-echo "ceph: $(ceph --version 2>/dev/null | head -n1)" >>"$OUT/machine.txt"
-SCR=$OUT/scratch
-CDIR=$OUT
-SERVER=""
+SCR=$(mktemp -d "${SCRATCH_BASE:-/var/tmp}/squeeze-ceph-thin.XXXXXX")
 LOOP=""
 FIO=""
 
@@ -70,14 +68,14 @@ cleanup() {
   stop_fill
   ceph_stop
   [[ -z $LOOP ]] || losetup -d "$LOOP" 2>/dev/null || true
-  if [[ -n $SERVER ]]; then
-    kill "$SERVER" 2>/dev/null || true
-    wait "$SERVER" 2>/dev/null || true
-  fi
+  sq_serve_stop osd0
   mountpoint -q "$SCR/fuse" 2>/dev/null && { umount -l "$SCR/fuse" 2>/dev/null || true; }
   rm -rf "$SCR"
 }
-trap cleanup EXIT
+sq_on_exit cleanup
+sq_out ceph_thin "$SCR"
+echo "ceph: $(ceph --version 2>/dev/null | head -n1)" >>"$OUT/machine.txt"
+CDIR=$OUT
 
 metric() { # metric NAME: its value on /metrics (nothing when the server does not answer)
   curl -s --max-time 2 "http://$METRICS/metrics" 2>/dev/null | awk -v n="$1" 'index($1, n "{") == 1 || $1 == n { print $2; exit }'
@@ -93,20 +91,14 @@ fio_rbd() { # fio_rbd NAME IMAGE SIZE [extra...]: incompressible 128 KiB blocks,
     "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
 }
 
-command -v curl >/dev/null || sq_die "curl is missing (apt-get install curl)"
-exec 9>"$LOCK"
-sq_log "waiting for $LOCK"
-flock 9
 : >"$OUT/summary.txt"
 sq_log "a volume of $DEV_SIZE capped at $CAP, one OSD on it"
 ceph_conf 1 1
 mkdir -p "$SCR"
 "$BIN" create --size "$DEV_SIZE" --max-physical "$CAP" "$SCR/osd0.sqz" >"$OUT/create.log" 2>&1 \
   || sq_die "squeeze create failed: $(tail -n3 "$OUT/create.log")"
-"$BIN" serve --socket "$SCR/nbd.sock" --control "$SCR/ctl.sock" --metrics "$METRICS" \
-  --fuse-dir "$SCR/fuse" "$SCR/osd0.sqz" >"$OUT/squeeze.log" 2>&1 &
-SERVER=$!
-ceph_wait 60 "the FUSE export of osd0.sqz" test -e "$SCR/fuse/osd0"
+sq_serve_start osd0 "$OUT/squeeze.log" --ready "$SCR/fuse/osd0" -- \
+  --socket "$SCR/nbd.sock" --control "$SCR/ctl.sock" --metrics "$METRICS" --fuse-dir "$SCR/fuse" "$SCR/osd0.sqz"
 LOOP=$(losetup -f --show --direct-io=on "$SCR/fuse/osd0")
 echo 0 >"/sys/block/${LOOP#/dev/}/queue/rotational" 2>/dev/null || true
 ln -sfn "$LOOP" "$SCR/dev/osd.0"
@@ -194,14 +186,16 @@ sq_log "6. the volume: closed cleanly, checked"
 ceph_stop
 losetup -d "$LOOP" 2>/dev/null || true
 LOOP=""
-kill "$SERVER" 2>/dev/null || true
-wait "$SERVER" 2>/dev/null || true
-SERVER=""
+sq_serve_stop osd0
 if "$BIN" check "$SCR/osd0.sqz" >"$OUT/check.txt" 2>&1; then
   say "squeeze check osd0.sqz: clean"
 else
   fail "squeeze check osd0.sqz: $(tail -n3 "$OUT/check.txt")"
 fi
 cp "$SCR"/log/*.log "$OUT/" 2>/dev/null || true
-((FAILED == 0)) || sq_die "some steps failed (see $OUT/summary.txt)"
+if ((FAILED)); then
+  sq_table
+  sq_die "some steps failed (see $OUT/summary.txt)"
+fi
 say "PASSED: the cap stopped the OSD, nothing acknowledged was lost, and it came back (results in $OUT)"
+sq_table

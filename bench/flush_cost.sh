@@ -12,11 +12,13 @@
 #      fdatasync of this disk, the yardstick ("small against one fdatasync").
 #
 # Usage: sudo BEFORE=path/to/squeeze AFTER=path/to/squeeze bench/flush_cost.sh
-# Env:   OUT (default results/flush_cost-DATE), REPS (default 3),
+# Env:   AFTER (default: BIN, else the release build of this checkout),
+#        OUT (default results/flush_cost-DATE), REPS (default 3),
 #        SECS (pg_test_fsync seconds per test, default 3), DIR (scratch,
-#        default a temp dir under /var/tmp: the file system measured).
+#        default a temp dir under /var/tmp: the file system measured),
+#        BENCH_LOCK (/tmp/bench.lock).
 # Writes OUT/results.jsonl (one line per measurement) and OUT/table.md.
-# Takes /tmp/bench.lock for the whole run.
+# The whole run holds the bench lock (bench/README.md).
 set -euo pipefail
 SQ_PROG=flush_cost
 # shellcheck source=bench/lib.sh
@@ -24,54 +26,45 @@ SQ_PROG=flush_cost
 
 [[ $(id -u) == 0 ]] || sq_die "needs root (loop devices, mount)"
 : "${BEFORE:?BEFORE=path to the squeeze binary before the change}"
-: "${AFTER:?AFTER=path to the squeeze binary after the change}"
+[[ -x $BEFORE ]] || sq_die "BEFORE=$BEFORE is not an executable"
 REPS=${REPS:-3}
 SECS=${SECS:-3}
-OUT=${OUT:-$SQ_ROOT/results/flush_cost-$(date +%Y%m%d-%H%M%S)}
-PG_TEST_FSYNC=${PG_TEST_FSYNC:-$(ls /usr/lib/postgresql/*/bin/pg_test_fsync 2>/dev/null | tail -n1)}
+PG_TEST_FSYNC=${PG_TEST_FSYNC:-$(printf "%s\n" /usr/lib/postgresql/*/bin/pg_test_fsync | tail -n1)}
 [[ -x ${PG_TEST_FSYNC:-} ]] || sq_die "pg_test_fsync not found (apt-get install postgresql)"
 for t in losetup mkfs.ext4 fusermount3 python3; do
   command -v "$t" >/dev/null || sq_die "$t not installed"
 done
-mkdir -p "$OUT"
+sq_lock
+[[ -z ${AFTER:-} ]] || BIN=$AFTER
+sq_bin
+AFTER=$BIN
 DIR=${DIR:-$(mktemp -d /var/tmp/flush_cost.XXXXXX)}
-BIN=$AFTER sq_machine "$OUT/machine.txt" "$DIR"
-
-exec 9>/tmp/bench.lock
-sq_log "waiting for /tmp/bench.lock"
-flock 9
+sq_out flush_cost "$DIR"
 
 # usecs/op of the first fdatasync line of pg_test_fsync's output.
 fdatasync_us() { awk '/fdatasync/ && /usecs\/op/ { for (i = 1; i <= NF; i++) if ($i == "usecs/op") { print $(i-1); exit } }'; }
 
 result() { # result NAME BUILD METRIC VALUE
-  printf '{"bench":"flush_cost","case":"%s","build":"%s","metric":"%s","value":%s}\n' "$1" "$2" "$3" "$4" >>"$OUT/results.jsonl"
+  sq_result bench=flush_cost case="$1" build="$2" metric="$3" value="$4"
   sq_log "$1 $2 $3 = $4"
 }
 
-SERVE_PID=
 LOOP=
 cleanup() {
   mountpoint -q "$DIR/mnt" 2>/dev/null && umount "$DIR/mnt"
   [[ -n $LOOP ]] && losetup -d "$LOOP" 2>/dev/null
   LOOP=
-  if [[ -n $SERVE_PID ]]; then
-    kill -TERM "$SERVE_PID" 2>/dev/null || true
-    wait "$SERVE_PID" 2>/dev/null || true
-  fi
-  SERVE_PID=
+  sq_serve_stop fuse
   rm -f "$DIR/vol.sqz"
 }
-trap 'cleanup; rm -rf "$DIR"' EXIT
+cleanup_all() { cleanup; rm -rf "$DIR"; }
+sq_on_exit cleanup_all
 
 fuse_pg_test_fsync() { # BUILD BIN
   local build=$1 bin=$2 us
   mkdir -p "$DIR/fuse" "$DIR/mnt"
-  "$bin" serve --socket "$DIR/nbd.sock" --control "$DIR/ctl" --size 4G --fuse-dir "$DIR/fuse" \
-    --prewrite "$DIR/vol.sqz" >"$OUT/serve-$build.log" 2>&1 &
-  SERVE_PID=$!
-  for _ in $(seq 300); do [[ -e $DIR/fuse/vol ]] && break; sleep 0.1; done
-  [[ -e $DIR/fuse/vol ]] || sq_die "the FUSE export did not appear ($OUT/serve-$build.log)"
+  BIN=$bin sq_serve_start fuse "$OUT/serve-$build.log" --ready "$DIR/fuse/vol" -- \
+    --socket "$DIR/nbd.sock" --control "$DIR/ctl" --size 4G --fuse-dir "$DIR/fuse" --prewrite "$DIR/vol.sqz"
   LOOP=$(losetup -f --show "$DIR/fuse/vol")
   mkfs.ext4 -q -E nodiscard "$LOOP"
   mount "$LOOP" "$DIR/mnt"
@@ -84,7 +77,7 @@ wal_bench() { # BUILD BIN
   local build=$1 bin=$2
   "$bin" wal bench --dir "$DIR" --sizes 128 --threads 1,8 --json \
     >"$OUT/wal-$build.json"
-  python3 - "$OUT/wal-$build.json" "$build" >>"$OUT/results.jsonl" <<'EOF'
+  python3 - "$OUT/wal-$build.json" "$build" <<'EOF' | sq_result -
 import json, sys
 for r in json.load(open(sys.argv[1])):
     for k in ("commits_per_second", "latency_us_p50", "latency_us_p99"):
@@ -107,7 +100,7 @@ for rep in $(seq "$REPS"); do
   rm -f "$DIR/plain_probe"
 done
 
-python3 - "$OUT/results.jsonl" >"$OUT/table.md" <<'EOF'
+python3 - "$OUT/results.jsonl" <<'EOF' | sq_table -
 import json, statistics, sys, collections
 rows = [json.loads(l) for l in open(sys.argv[1])]
 by = collections.defaultdict(list)
@@ -125,5 +118,4 @@ for c, m in cases:
     mb, ma = statistics.median(b), statistics.median(a)
     print(f"| {c} | {m} | {mb:.1f} | {ma:.1f} | {ma / mb:.3f} | {plain_s} |")
 EOF
-cat "$OUT/table.md"
 sq_log "results in $OUT"

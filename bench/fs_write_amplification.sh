@@ -4,7 +4,8 @@
 #
 #   sudo bench/fs_write_amplification.sh --bin target/release/squeeze           # default run (about 15 minutes on 2 cores)
 #   sudo bench/fs_write_amplification.sh --bin /tmp/sq-old --quick --label old  # about 2 minutes
-#   flock /tmp/bench.lock bench/fs_write_amplification.sh --bin ...             # as every heavy bench
+# The whole run holds the bench lock (bench/README.md; run under `flock /tmp/bench.lock` it goes
+# on under that hold).
 #
 # What it does: `squeeze create` a volume (--size, default 4G) in a fresh work directory,
 # `squeeze serve` it on a unix socket (with its control socket), attach it as a kernel block
@@ -26,7 +27,8 @@
 # is KEPT and its path printed; exit status 1.
 #
 # Options:
-#   --bin PATH            squeeze binary (default: target/release/squeeze of this checkout, built)
+#   --bin PATH            squeeze binary (default: $BIN, else target/release/squeeze of this
+#                         checkout, built)
 #   --quick               about 2 minutes: fsx 20000 ops, fsstress 4 x 2000 ops, 240 s cap
 #   --size SIZE           volume logical size (default 4G)
 #   --fsx-ops N           fsx operations (default 200000)
@@ -39,12 +41,13 @@
 #   --settle S            after the device is detached, leave the server idle S seconds before
 #                         reading its counters (default 0), so that what the idle cleaner does
 #                         (its copies, and the space they give back) is in the figures
-#   --out DIR             where results go (default /var/tmp/squeeze-fs-wa.<time>); the work
-#                         directory (volume, sockets, mounts) is DIR/work
+#   --out DIR             where results go (default: $OUT, else results/fs_write_amplification-<time>)
+#   --work DIR            the work directory (volume, sockets, mounts; must not exist; default
+#                         a new directory under /var/tmp), removed at the end unless a check failed
 #
-# Output: one markdown table row on stdout (header with it), DIR/result.json (the numbers),
-# DIR/stats.json (the control socket's full answer), DIR/reopen.json, DIR/fsx.out,
-# DIR/fsstress.out, DIR/serve.log, DIR/cmd.txt.
+# Output: one markdown table row on stdout (header with it) and in DIR/table.md, DIR/result.json
+# (the numbers; the same object is the line of DIR/results.jsonl), DIR/stats.json (the control
+# socket's full answer), DIR/reopen.json, DIR/fsx.out, DIR/fsstress.out, DIR/serve.log, DIR/cmd.txt.
 #
 # fsx and fsstress come from xfstests, which is GPL and is NOT part of this repository: the
 # script builds the two programs (ltp/fsx.c and ltp/fsstress.c only, direct gcc with a minimal
@@ -64,7 +67,7 @@ SQ_PROG=bench/fs_write_amplification.sh
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-BIN=""
+BIN=${BIN:-}
 QUICK=0
 SIZE=4G
 FSX_OPS=200000
@@ -75,7 +78,7 @@ SEED=1
 TIME_LIMIT=1800
 LABEL=""
 SETTLE=0
-OUT=""
+WORK=""
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
   case $1 in
@@ -91,6 +94,7 @@ while (($#)); do
     --label) LABEL=$2; shift 2 ;;
     --settle) SETTLE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --work) WORK=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) sq_die "unknown option $1 (--help)" ;;
   esac
@@ -124,6 +128,7 @@ need_pkgs() { # need_pkgs "test:package ..." — test is a command name or an ab
 }
 need_pkgs "nbdfuse:libnbd-bin fusermount3:fuse3 mkfs.ext4:e2fsprogs e2fsck:e2fsprogs
   losetup:mount flock:util-linux timeout:coreutils python3:python3"
+sq_lock
 
 # --- fsx and fsstress from xfstests, built into the cache -------------------------------------
 XFSTESTS_CACHE=${XFSTESTS_CACHE:-${XDG_CACHE_HOME:+$XDG_CACHE_HOME/squeeze-xfstests}}
@@ -185,55 +190,48 @@ build_xfstests() {
 [[ -x $FSX && -x $FSSTRESS ]] || build_xfstests
 
 # --- the binary -------------------------------------------------------------------------------
-if [[ -z $BIN ]]; then sq_build; fi
-[[ -x $BIN ]] || sq_die "no squeeze binary at $BIN"
-BIN=$(readlink -f "$BIN")
+sq_bin
 LABEL=${LABEL:-$(basename "$BIN")}
-OUT=${OUT:-/var/tmp/squeeze-fs-wa.$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT"
-OUT=$(readlink -f "$OUT")
-WORK=$OUT/work
-[[ ! -e $WORK ]] || sq_die "$WORK exists (give a fresh --out)"
+if [[ -n $WORK ]]; then
+  [[ ! -e $WORK ]] || sq_die "$WORK exists (give a fresh --work)"
+  mkdir -p "$WORK"
+else
+  WORK=$(mktemp -d /var/tmp/squeeze-fs-wa.XXXXXX)
+fi
+WORK=$(readlink -f "$WORK")
 mkdir -p "$WORK"/{fuse,mnt}
 
 # --- teardown ---------------------------------------------------------------------------------
-SERVE_PID="" LOOP="" FUSE_UP=0 MOUNTED=0 KEEP=0 fsx_pid="" fss_pid=""
+LOOP="" FUSE_UP=0 MOUNTED=0 KEEP=0 fsx_pid="" fss_pid=""
 cleanup() {
-  local rc=$? p
-  set +e
+  local p
   for p in $fsx_pid $fss_pid; do # the workload's `timeout` passes TERM on to fsx/fsstress
     kill -0 "$p" 2>/dev/null && { kill -TERM "$p"; wait "$p"; }
   done
   if ((MOUNTED)); then umount "$WORK/mnt" || umount -l "$WORK/mnt"; fi
   [[ -n $LOOP ]] && losetup -d "$LOOP"
   if ((FUSE_UP)); then fusermount3 -u "$WORK/fuse" || fusermount3 -uz "$WORK/fuse"; fi
-  if [[ -n $SERVE_PID ]] && kill -0 "$SERVE_PID" 2>/dev/null; then
-    kill -TERM "$SERVE_PID"
-    for _ in $(seq 100); do kill -0 "$SERVE_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$SERVE_PID" 2>/dev/null && kill -KILL "$SERVE_PID"
-  fi
+  SQ_SERVE_STOP_SECS=10 sq_serve_stop_all
   if ((KEEP)); then
     sq_log "KEPT for analysis: $WORK (volume file, fsx logs)"
   else
     rm -rf "$WORK"
   fi
-  exit "$rc"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+sq_on_exit cleanup
 
+sq_out fs_write_amplification "$WORK"
 CMD="$0 --bin $BIN --size $SIZE --fsx-ops $FSX_OPS --fsx-args \"$FSX_ARGS\" --fsstress-ops $FSS_OPS --fsstress-procs $FSS_PROCS --seed $SEED --time-limit $TIME_LIMIT --settle $SETTLE${SQUEEZE_SERVE_ARGS:+ (SQUEEZE_SERVE_ARGS=$SQUEEZE_SERVE_ARGS)}"
 echo "$CMD" >"$OUT/cmd.txt"
-sq_machine "$OUT/machine.txt" "$WORK"
 echo "xfstests: $(cat "$XFSTESTS_CACHE/bin/SOURCE" 2>/dev/null || echo '?')" >>"$OUT/machine.txt"
 
 # --- volume, server, block device, file system -----------------------------------------------------
 VOL=$WORK/vol.sqz
 "$BIN" create --size "$SIZE" "$VOL" >&2
-"$BIN" serve --socket "$WORK/nbd.sock" --control "$WORK/ctl.sock" ${SQUEEZE_SERVE_ARGS:-} "$VOL" >"$OUT/serve.log" 2>&1 &
-SERVE_PID=$!
-for _ in $(seq 100); do [[ -S $WORK/nbd.sock && -S $WORK/ctl.sock ]] && break; sleep 0.1; done
-[[ -S $WORK/nbd.sock ]] || sq_die "squeeze serve did not come up: $(tail -5 "$OUT/serve.log")"
+# shellcheck disable=SC2086 # SQUEEZE_SERVE_ARGS is a list of options
+sq_serve_start srv "$OUT/serve.log" --ready "$WORK/nbd.sock" --ready "$WORK/ctl.sock" -- \
+  --socket "$WORK/nbd.sock" --control "$WORK/ctl.sock" ${SQUEEZE_SERVE_ARGS:-} "$VOL"
+SERVE_PID=$(sq_serve_pid srv)
 nbdfuse "$WORK/fuse/nbd" --unix "$WORK/nbd.sock" &
 FUSE_UP=1
 for _ in $(seq 100); do [[ -e $WORK/fuse/nbd ]] && break; sleep 0.1; done
@@ -285,13 +283,12 @@ if ((SETTLE > 0)); then
   sleep "$SETTLE"
 fi
 "$BIN" stats --json "$WORK/ctl.sock" >"$OUT/stats.json"
-kill -TERM "$SERVE_PID"
-wait "$SERVE_PID" || sq_log "squeeze serve exited with status $? (see $OUT/serve.log)"
-SERVE_PID=""
+sq_serve_stop srv
+((SQ_SERVE_RC == 0)) || sq_log "squeeze serve exited with status $SQ_SERVE_RC (see $OUT/serve.log)"
 "$BIN" stats --json "$VOL" >"$OUT/reopen.json" 2>"$OUT/reopen.err" \
   || sq_log "reopening the volume failed: $(cat "$OUT/reopen.err")"
 
-python3 - "$OUT" "$LABEL" "$t0" "$t1" "$fsx_rc" "$fss_rc" "${failed:-}" <<'EOF'
+python3 - "$OUT" "$LABEL" "$t0" "$t1" "$fsx_rc" "$fss_rc" "${failed:-}" <<'EOF' | sq_emit | sq_table -
 import json, sys
 out, label, t0, t1, fsx_rc, fss_rc, failed = sys.argv[1:]
 def vol(path):
@@ -322,6 +319,7 @@ if "open_seconds" in r:
     res["reopen_open_seconds"] = r["open_seconds"]
     res["reopen_replayed_records"] = r.get("open_replayed_records")
 json.dump(res, open(f"{out}/result.json", "w"), indent=2)
+print(json.dumps(res))  # the line of results.jsonl (bench/lib.sh sq_emit)
 opt = lambda k, f: f(res[k]) if k in res else "n/a"
 print("| binary | seconds | client GiB | log GiB | cleaner GiB | checkpoint GiB | checkpoints | WA (squeeze) | (log+ckpt+prewritten)/client | ckpt base GiB | ckpt delta GiB | deltas | reopen s | cleaner busy / idle / short of room GiB | stored / allocated MiB at the end |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -25,42 +25,48 @@
 # Physical bytes of squeeze: `du` of its data dir (the sparse volume file), as for every peer.
 #
 # Env: SQUEEZE_SERVE_ARGS (extra `serve` options for every pass, e.g. "--workers 8"),
-#      HARNESS (../shared/bench/run.sh), CARGO_TARGET_DIR (target), OUT_BASE
-#      (/tmp/squeeze-nbd-bench.<time>), PASSES ("compress none"); plus run.sh's own
+#      HARNESS (../shared/bench/run.sh), BIN (a squeeze binary instead of building one),
+#      CARGO_TARGET_DIR (target), OUT (results/nbd-<time>; OUT_BASE is read as OUT),
+#      PASSES ("compress none"), BENCH_LOCK (/tmp/bench.lock); plus run.sh's own
 #      (REPS, FIO_SIZE, FIO_RT_SEQ, FIO_RT_RAND, ...). Needs root (run.sh requires it).
-# Output: each pass's CSV and markdown table under $OUT_BASE/<pass>/, both tables on stdout.
+# The whole run holds the bench lock (bench/README.md).
+# Output: each pass's CSV and markdown table under OUT/<pass>/ (run.sh's), every CSV row in
+# OUT/results.jsonl (with "pass"), both tables on stdout and in OUT/table.md.
 set -euo pipefail
 
 SQ_PROG=bench/nbd.sh
 # shellcheck source=bench/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-OUT_BASE=${OUT_BASE:-/tmp/squeeze-nbd-bench.$(date +%Y%m%d-%H%M%S)}
+OUT=${OUT:-${OUT_BASE:-}}
 PASSES=${PASSES:-compress none}
 
 [[ $(id -u) == 0 ]] || sq_die "run.sh needs root"
+for pass in $PASSES; do
+  [[ $pass == @(compress|none|lz4|zstd1) ]] || sq_die "unknown pass $pass (compress, none, lz4, zstd1)"
+done
 sq_need_tools
-sq_build
+sq_lock
+sq_bin
 
-mkdir -p "$OUT_BASE"
-sq_machine "$OUT_BASE/machine.txt"
-echo "serve args: ${SQUEEZE_SERVE_ARGS:-(none)}" >>"$OUT_BASE/machine.txt"
-cat "$OUT_BASE/machine.txt" >&2
+sq_out nbd "${SCRATCH_BASE:-/tmp}"
+echo "serve args: ${SQUEEZE_SERVE_ARGS:-(none)}" >>"$OUT/machine.txt"
+cat "$OUT/machine.txt" >&2
 
 for pass in $PASSES; do
   case $pass in
-    compress) sq_run_pass "$OUT_BASE/$pass" squeeze "nbd-raw nbd-qcow2-compress custom" ;;
-    none) sq_run_pass "$OUT_BASE/$pass" squeeze-mode-none "nbd-raw custom" --mode none ;;
-    lz4) sq_run_pass "$OUT_BASE/$pass" squeeze-lz4 "nbd-raw custom" --algorithm lz4 ;;
-    zstd1) sq_run_pass "$OUT_BASE/$pass" squeeze-zstd1-64k "nbd-qcow2-compress custom" --algorithm zstd:1 --max-blob 64K ;;
-    *) sq_die "unknown pass $pass (compress, none, lz4, zstd1)" ;;
+    compress) sq_run_pass "$OUT/$pass" squeeze "nbd-raw nbd-qcow2-compress custom" ;;
+    none) sq_run_pass "$OUT/$pass" squeeze-mode-none "nbd-raw custom" --mode none ;;
+    lz4) sq_run_pass "$OUT/$pass" squeeze-lz4 "nbd-raw custom" --algorithm lz4 ;;
+    zstd1) sq_run_pass "$OUT/$pass" squeeze-zstd1-64k "nbd-qcow2-compress custom" --algorithm zstd:1 --max-blob 64K ;;
   esac
+  python3 "$SQ_RESULTS_PY" from-csv "$OUT/$pass/results.csv" pass="$pass" | sq_result -
 done
 
 for pass in $PASSES; do
   echo
   echo "## pass $pass"
   echo
-  cat "$OUT_BASE/$pass/results.md"
-done
-sq_log "results under $OUT_BASE"
+  cat "$OUT/$pass/results.md"
+done | sq_table -
+sq_log "results under $OUT"

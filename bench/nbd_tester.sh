@@ -30,8 +30,11 @@
 #               transaction": it does not print the errno) and the same server then
 #               completes the handshake test on a new connection.
 #
-# Options: --bin PATH (squeeze binary; default: build target/release/squeeze), --work DIR
-# (default: a new directory under /var/tmp), --cases "read write ..." (default: all).
+# Options: --bin PATH (squeeze binary; default: $BIN, else build target/release/squeeze), --work
+# DIR (volumes and logs; default: a new directory under /var/tmp, kept), --cases "read write ..."
+# (default: all). Env: OUT (results/nbd_tester-<time>), BENCH_LOCK (/tmp/bench.lock): the whole
+# run holds the bench lock (bench/README.md).
+# Output: a line per case on stdout and in OUT/results.jsonl, OUT/table.md, OUT/machine.txt.
 # Exit status 1 if any case does not end as stated above; its server log is kept.
 set -euo pipefail
 SQ_PROG=nbd_tester
@@ -46,7 +49,7 @@ while (($#)); do
     --bin) BIN=$2; export BIN; shift 2 ;;
     --work) WORK=$2; shift 2 ;;
     --cases) CASES=$2; shift 2 ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) sq_die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -85,39 +88,35 @@ build_tester() {
   rm -rf "$b"
 }
 
+sq_lock
 build_tester
 sq_bin
 [[ -n $WORK ]] || WORK=$(mktemp -d /var/tmp/squeeze-nbd-tester.XXXXXX)
 mkdir -p "$WORK"
+sq_out nbd_tester "$WORK"
 T=$CACHE/nbd-tester-client
 C=$CACHE/certs
-SRV=""
-cleanup() { [[ -z $SRV ]] || { kill "$SRV" 2>/dev/null || true; wait "$SRV" 2>/dev/null || true; }; }
-trap cleanup EXIT
 
 # start NAME SIZE [serve args...]: a fresh volume DIR/NAME/export1.sqz, served on a unix
-# socket DIR/NAME/nbd.sock; waits for the socket.
+# socket DIR/NAME/nbd.sock; waits for the server to listen there.
 start() {
   local name=$1 size=$2; shift 2
   local d=$WORK/$name
   rm -rf "$d"; mkdir -p "$d"
-  "$BIN" serve --socket "$d/nbd.sock" --size "$size" "$@" "$d/export1.sqz" >"$d/server.log" 2>&1 &
-  SRV=$!
-  local _
-  for _ in $(seq 100); do [[ -S $d/nbd.sock ]] && return; sleep 0.1; done
-  sq_die "$name: the server did not start; see $d/server.log"
+  sq_serve_start "$name" "$d/server.log" --ready "$d/nbd.sock" -- \
+    --socket "$d/nbd.sock" --size "$size" "$@" "$d/export1.sqz"
 }
 
 # stop NAME: SIGTERM, wait, then `squeeze check` of the volume.
 stop() {
   local d=$WORK/$1
-  kill -TERM "$SRV"; wait "$SRV" || sq_die "$1: the server exited with an error; see $d/server.log"
-  SRV=""
+  sq_serve_stop "$1"
+  ((SQ_SERVE_RC == 0)) || sq_die "$1: the server exited with an error (status $SQ_SERVE_RC); see $d/server.log"
   "$BIN" check "$d/export1.sqz" >"$d/check.log" 2>&1 || sq_die "$1: squeeze check failed; see $d/check.log"
 }
 
 # run NAME EXPECT -- CLIENT ARGS: EXPECT ok (exit 0) or fail (a non-zero exit).
-declare -A RESULT
+declare -A RESULT EXPECT RC SECS MSG
 run() {
   local name=$1 expect=$2; shift 3
   local d=$WORK/$name t0 rc=0
@@ -127,6 +126,7 @@ run() {
   secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   local msg
   msg=$(grep -aoE "(complete\. Took [^,]*, [0-9.]+[A-Za-z/]+|Handshake test completed[^.]*|Could not run test: .*)" "$d/client.log" | tail -1 || true)
+  EXPECT[$name]=$expect RC[$name]=$rc SECS[$name]=$secs MSG[$name]=$msg
   if [[ $expect == ok && $rc -eq 0 ]] || [[ $expect == fail && $rc -ne 0 && $rc -ne 124 ]]; then
     RESULT[$name]="passed (exit $rc, ${secs} s): ${msg:-no message}"
   else
@@ -179,7 +179,12 @@ echo
 echo "nbd-tester-client ($(cat "$CACHE/SOURCE" 2>/dev/null || echo "source unknown")) against $("$BIN" --version 2>/dev/null || echo "$BIN"):"
 for c in $CASES; do
   printf '  %-10s %s\n' "$c" "${RESULT[$c]}"
-  [[ ${RESULT[$c]} == passed* ]] || failed=1
+  passed=true
+  [[ ${RESULT[$c]} == passed* ]] || { failed=1; passed=false; }
+  sq_result case="$c" passed:="$passed" expected="${EXPECT[$c]}" exit="${RC[$c]}" seconds="${SECS[$c]}" \
+    client_said="${MSG[$c]}" result="${RESULT[$c]}" dir="$WORK/$c"
 done
+sq_table
 echo "work directory: $WORK"
+echo "results: $OUT"
 exit "$failed"

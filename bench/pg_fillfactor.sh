@@ -5,7 +5,7 @@
 #   sudo bench/pg_fillfactor.sh --quick    # smoke: pgbench scale 2, 100k sysbench rows, 5 s runs (~5 min)
 #   sudo bench/pg_fillfactor.sh            # full: scale 20, 1M rows, 60 s runs (~30 min)
 #   FILLFACTORS="100 70" RUN_SECS=120 sudo bench/pg_fillfactor.sh     # repeat the key runs
-#   REPORT_ONLY=/tmp/squeeze-pg-bench.X bench/pg_fillfactor.sh         # the tables again, no measuring
+#   REPORT_ONLY=results/pg_fillfactor-<time> bench/pg_fillfactor.sh   # the tables again, no measuring
 #
 # The sides, ext4 (mounted noatime) on a loop device with direct I/O, set up once and used in
 # turns (for each fillfactor, each workload: squeeze, then plain), so a burst of load from the
@@ -45,7 +45,10 @@
 # difference. At the end of each side: the whole volume (squeeze: physical_bytes as du counts
 # the backing file after up to SETTLE_SECS of idle cleaning, garbage, ratio; plain: du).
 #
-# Env: OUT_BASE (/tmp/squeeze-pg-bench.<time>), SCRATCH (/var/tmp/squeeze-pg.<pid>: on the disk
+# Output: OUT/results.jsonl (one line per run), OUT/table.md (the tables, also on stdout),
+# OUT/machine.txt, and per run OUT/WORKLOAD-ffFF-SIDE/ (bench/pg_fillfactor.py reads them).
+#
+# Env: OUT (results/pg_fillfactor-<time>; OUT_BASE is read as OUT), SCRATCH (/var/tmp/squeeze-pg.<pid>: on the disk
 #      both sides share), FILLFACTORS ("100 90 80 70 50"), WORKLOADS ("pgbench sysbench"),
 #      SIDES ("squeeze plain"), PGB_SCALE (20; quick 2), SB_ROWS (1000000; quick 100000),
 #      RUN_SECS (60; quick 5), CLIENTS (8), VOL_SIZE (16G), SHARED_BUFFERS (256MB),
@@ -60,7 +63,7 @@
 #      squeeze whole in one WRITE and inside one blob: slow, for the probe, not for timing),
 #      SETTLE_SECS (60), BENCH_LOCK (/tmp/bench.lock), INSTALL (1), CARGO_TARGET_DIR, BIN (a squeeze
 #      binary to use instead of building one).
-# The measuring part runs under `flock $BENCH_LOCK`. Needs root (loop devices, mounts, FUSE).
+# The whole run holds the bench lock (bench/README.md). Needs root (loop devices, mounts, FUSE).
 set -euo pipefail
 
 SQ_PROG=bench/pg_fillfactor.sh
@@ -98,8 +101,7 @@ VOL_SIZE=${VOL_SIZE:-16G}
 SQUEEZE_SERVE_ARGS=${SQUEEZE_SERVE_ARGS---prewrite}
 SHARED_BUFFERS=${SHARED_BUFFERS:-256MB}
 TRACE=${TRACE:-0}
-BENCH_LOCK=${BENCH_LOCK:-/tmp/bench.lock}
-OUT_BASE=${OUT_BASE:-/tmp/squeeze-pg-bench.$(date +%Y%m%d-%H%M%S)}
+OUT=${OUT:-${OUT_BASE:-}}
 SCRATCH=${SCRATCH:-/var/tmp/squeeze-pg.$$}
 
 [[ $(id -u) == 0 ]] || sq_die "run as root (loop devices, mounts, FUSE)"
@@ -125,32 +127,27 @@ need_tools() {
   fi
 }
 
-if [[ -z ${PG_BENCH_LOCKED:-} ]]; then
-  need_tools
-  sq_bin
-  sq_log "waiting for $BENCH_LOCK"
-  PG_BENCH_LOCKED=1 exec flock "$BENCH_LOCK" "$SQ_ROOT/bench/pg_fillfactor.sh" "$@"
-fi
-BIN=${BIN:-${CARGO_TARGET_DIR:-$SQ_ROOT/target}/release/squeeze}
-[[ -x $BIN ]] || sq_die "no binary at $BIN"
+need_tools
+sq_lock
+sq_bin
 
 PG_BIN=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d | sort -V | tail -n1)
 [[ -x $PG_BIN/postgres ]] || sq_die "no PostgreSQL server under /usr/lib/postgresql (apt-get install postgresql)"
 id postgres >/dev/null 2>&1 || sq_die "no postgres user (apt-get install postgresql creates it)"
 
-mkdir -p "$OUT_BASE" "$SCRATCH"
-sq_machine "$OUT_BASE/machine.txt" "$SCRATCH"
+mkdir -p "$SCRATCH"
+sq_out pg_fillfactor "$SCRATCH"
 {
   echo "postgresql: $("$PG_BIN/postgres" --version)"
   echo "sysbench: $(sysbench --version)"
   echo "nbdfuse: $(nbdfuse --version | head -n1)"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "settings: mode=$([[ $QUICK == 1 ]] && echo quick || echo full) pgbench_scale=$PGB_SCALE sysbench_rows=$SB_ROWS run_secs=$RUN_SECS clients=$CLIENTS shared_buffers=$SHARED_BUFFERS vol_size=$VOL_SIZE fillfactors=\"$FILLFACTORS\" serve_args=\"${SQUEEZE_SERVE_ARGS:-}\" pg_extra_conf=\"${PG_EXTRA_CONF:-}\" initdb_args=\"${PG_INITDB_ARGS:-}\""
-} >>"$OUT_BASE/machine.txt"
-cat "$OUT_BASE/machine.txt" >&2
+} >>"$OUT/machine.txt"
+cat "$OUT/machine.txt" >&2
 
 # ---------------------------------------------------------------- sides: bring up, tear down
-declare -A DIR LOOP PORT SERVE_PID
+declare -A DIR LOOP PORT
 port=55432
 for s in $SIDES; do
   DIR[$s]=$SCRATCH/$s PORT[$s]=$port
@@ -175,11 +172,7 @@ side_down() {
   if [[ ${SQUEEZE_PATH:-fuse} != fuse ]] && mountpoint -q "$d/fuse" 2>/dev/null; then
     fusermount3 -u "$d/fuse" || umount -l "$d/fuse"
   fi
-  if [[ -n ${SERVE_PID[$s]:-} ]]; then
-    kill -TERM "${SERVE_PID[$s]}" 2>/dev/null || true
-    wait "${SERVE_PID[$s]}" 2>/dev/null || true
-    SERVE_PID[$s]=""
-  fi
+  [[ $s != squeeze ]] || sq_serve_stop squeeze
 }
 
 cleanup() {
@@ -188,8 +181,7 @@ cleanup() {
   # never descend into a mount that would not go away
   findmnt -rn -o TARGET | grep -q "^$SCRATCH/" || rm -rf "$SCRATCH"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+sq_on_exit cleanup
 
 wait_for() { # wait_for SECONDS TEST...
   local t=$1 i
@@ -206,25 +198,24 @@ side_up() {
       mkdir -p "$d/fuse"
       local fuse_args=()
       [[ ${SQUEEZE_PATH:-fuse} == fuse ]] && fuse_args=(--fuse-dir "$d/fuse")
+      local ready=(--ready "$d/ctl")
+      [[ ${SQUEEZE_PATH:-fuse} != fuse ]] || ready+=(--ready "$d/fuse/vol")
       # shellcheck disable=SC2086
       if ((TRACE)); then
-        RUST_LOG=squeeze_nbd::server::transmission=trace "$BIN" serve --socket "$d/nbd.sock" \
-          --control "$d/ctl" --size "$VOL_SIZE" "${fuse_args[@]}" ${SQUEEZE_SERVE_ARGS:-} "$d/vol.sqz" \
-          2>"$OUT_BASE/serve-trace.log" &
+        RUST_LOG=squeeze_nbd::server::transmission=trace sq_serve_start squeeze "$OUT/serve-trace.log" \
+          "${ready[@]}" -- --socket "$d/nbd.sock" --control "$d/ctl" --size "$VOL_SIZE" "${fuse_args[@]}" \
+          ${SQUEEZE_SERVE_ARGS:-} "$d/vol.sqz"
       else
-        "$BIN" serve --socket "$d/nbd.sock" --control "$d/ctl" --size "$VOL_SIZE" "${fuse_args[@]}" \
-          ${SQUEEZE_SERVE_ARGS:-} "$d/vol.sqz" 2>"$OUT_BASE/serve.log" &
+        sq_serve_start squeeze "$OUT/serve.log" "${ready[@]}" -- --socket "$d/nbd.sock" --control "$d/ctl" \
+          --size "$VOL_SIZE" "${fuse_args[@]}" ${SQUEEZE_SERVE_ARGS:-} "$d/vol.sqz"
       fi
-      SERVE_PID[$s]=$!
-      wait_for 30 test -S "$d/ctl" || sq_die "squeeze serve did not start (see $OUT_BASE/serve.log)"
       if [[ ${SQUEEZE_PATH:-fuse} == fuse ]]; then
-        wait_for 30 test -e "$d/fuse/vol" || sq_die "the FUSE export did not appear (see $OUT_BASE/serve.log)"
         dev=$d/fuse/vol
       else
         # shellcheck disable=SC2086
         nbdfuse -P "$d/nbdfuse.pid" ${NBDFUSE_ARGS:-} "$d/fuse" "nbd+unix:///vol?socket=$d/nbd.sock" \
-          2>"$OUT_BASE/nbdfuse.log" &
-        wait_for 30 test -s "$d/nbdfuse.pid" || sq_die "nbdfuse did not start (see $OUT_BASE/nbdfuse.log)"
+          2>"$OUT/nbdfuse.log" &
+        wait_for 30 test -s "$d/nbdfuse.pid" || sq_die "nbdfuse did not start (see $OUT/nbdfuse.log)"
         dev=$d/fuse/nbd
       fi
       ;;
@@ -244,8 +235,9 @@ side_up() {
   fi
   mkdir -p "$d/mnt/pgdata"
   chown postgres: "$d/mnt/pgdata" "$d/run"
+  # shellcheck disable=SC2086 # PG_INITDB_ARGS is a list of options
   runuser -u postgres -- "$PG_BIN/initdb" -D "$d/mnt/pgdata" --auth=trust -U postgres \
-    ${PG_INITDB_ARGS:-} >"$OUT_BASE/initdb-$s.log"
+    ${PG_INITDB_ARGS:-} >"$OUT/initdb-$s.log"
   cat >>"$d/mnt/pgdata/postgresql.conf" <<EOF
 # bench/pg_fillfactor.sh: the same on both sides
 listen_addresses = ''
@@ -267,8 +259,8 @@ autovacuum = on
 log_checkpoints = on
 ${PG_EXTRA_CONF:-}
 EOF
-  install -o postgres -m 644 /dev/null "$OUT_BASE/postgres-$s.log"
-  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$d/mnt/pgdata" -l "$OUT_BASE/postgres-$s.log" -w start >/dev/null
+  install -o postgres -m 644 /dev/null "$OUT/postgres-$s.log"
+  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$d/mnt/pgdata" -l "$OUT/postgres-$s.log" -w start >/dev/null
   if [[ -n ${LOOP[$s]:-} ]]; then
     sq_log "$s: ${LOOP[$s]} ($(losetup -nl -O DIO "${LOOP[$s]}" | tr -d ' ') direct I/O) ext4 at $d/mnt, PostgreSQL on port ${PORT[$s]}"
   else
@@ -307,7 +299,7 @@ cpu_ticks() { # utime+stime of a pid (0 if none)
 
 helper_pids() { # pids whose CPU counts as the side's storage stack
   [[ $1 == squeeze ]] || return 0
-  echo "${SERVE_PID[squeeze]}" "$(cat "${DIR[squeeze]}/nbdfuse.pid" 2>/dev/null)"
+  echo "$(sq_serve_pid squeeze)" "$(cat "${DIR[squeeze]}/nbdfuse.pid" 2>/dev/null)"
 }
 
 stack_ticks() {
@@ -320,7 +312,7 @@ fsync_probe() { # pg_test_fsync on the volume: what one WAL commit costs there
   local s=$1
   sq_log "$s: pg_test_fsync"
   runuser -u postgres -- "$PG_BIN/pg_test_fsync" -s "$([[ $QUICK == 1 ]] && echo 1 || echo 3)" \
-    -f "${DIR[$s]}/mnt/pgdata/fsync_probe" >"$OUT_BASE/pg_test_fsync-$s.txt" 2>&1 || true
+    -f "${DIR[$s]}/mnt/pgdata/fsync_probe" >"$OUT/pg_test_fsync-$s.txt" 2>&1 || true
   rm -f "${DIR[$s]}/mnt/pgdata/fsync_probe"
 }
 
@@ -375,7 +367,7 @@ sizes() { # logical sizes and update counters as "key value" lines
 }
 
 one() { # one SIDE WORKLOAD FF
-  local s=$1 w=$2 ff=$3 o t0 t1 tb=$OUT_BASE/$2-ff$3-$1 before after lb la cb ca
+  local s=$1 w=$2 ff=$3 o t0 t1 tb=$OUT/$2-ff$3-$1 before after lb la cb ca
   o=$tb
   mkdir -p "$o"
   sq_log "$s $w ff=$ff: load"
@@ -425,7 +417,7 @@ one() { # one SIDE WORKLOAD FF
     echo "clk_tck $(getconf CLK_TCK)"
     echo "load_average $(cut -d' ' -f1-3 /proc/loadavg)"
   } >"$o/meta.txt"
-  python3 "$PY" record "$o" >>"$OUT_BASE/results.jsonl"
+  python3 "$PY" record "$o" | sq_result -
   python3 "$PY" row "$o" >&2
 }
 
@@ -435,19 +427,19 @@ volume_summary() {
     squeeze)
       # The server cleans and merges once clients have been idle for a second.
       for ((i = 0; i < SETTLE_SECS; i += 5)); do
-        vol_stats >"$OUT_BASE/volume-squeeze.json"
+        vol_stats >"$OUT/volume-squeeze.json"
         python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(0 if s["garbage_bytes"] < 32 << 20 else 1)' \
-          "$OUT_BASE/volume-squeeze.json" && break
+          "$OUT/volume-squeeze.json" && break
         sleep 5
       done
-      vol_stats >"$OUT_BASE/volume-squeeze.json"
+      vol_stats >"$OUT/volume-squeeze.json"
       ;;
     plain | host)
-      echo "{\"physical_bytes\": $(phys_bytes "$s")}" >"$OUT_BASE/volume-$s.json"
+      echo "{\"physical_bytes\": $(phys_bytes "$s")}" >"$OUT/volume-$s.json"
       ;;
   esac
   # ext4 and PostgreSQL's view of the same volume
-  df -B1 --output=used "${DIR[$s]}/mnt" | tail -n1 >"$OUT_BASE/df-used-$s.txt"
+  df -B1 --output=used "${DIR[$s]}/mnt" | tail -n1 >"$OUT/df-used-$s.txt"
 }
 
 # ---------------------------------------------------------------- the runs
@@ -460,9 +452,9 @@ for ff in $FILLFACTORS; do
 done
 for s in $SIDES; do volume_summary "$s"; done
 if ((TRACE)); then
-  python3 "$PY" write-sizes "$OUT_BASE/serve-trace.log" "$OUT_BASE"/*-squeeze >"$OUT_BASE/write-sizes.txt"
-  cat "$OUT_BASE/write-sizes.txt" >&2
+  python3 "$PY" write-sizes "$OUT/serve-trace.log" "$OUT"/*-squeeze >"$OUT/write-sizes.txt"
+  cat "$OUT/write-sizes.txt" >&2
 fi
-echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT_BASE/machine.txt"
-python3 "$PY" table "$OUT_BASE" | tee "$OUT_BASE/results.md"
-sq_log "results under $OUT_BASE"
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT/machine.txt"
+python3 "$PY" table "$OUT" | sq_table -
+sq_log "results under $OUT"

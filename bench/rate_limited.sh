@@ -13,12 +13,15 @@
 #    server's control socket after the run (before any idle upgrade can run: the stats are taken
 #    at once): bytes written, below_target_bytes, and so the share compressed inline with the
 #    target codec = 1 - below_target / written. The target: at least 95% at FRACTION 0.5.
-# One line per run on stdout; raw fio JSON, stats and server logs under $OUT.
+# One line per run on stdout and in OUT/results.jsonl (table: OUT/table.md); raw fio JSON, stats
+# and server logs under OUT. The volumes are in a scratch directory under SCRATCH_BASE, removed
+# at exit.
 #
 # Env: FRACTIONS ("0.5 0.75"), SIZE (2g: fio's size per run), REPS (1), OUT
-#      (/tmp/squeeze-rate.<time>), BENCH_LOCK (/tmp/bench.lock), SQUEEZE_SERVE_ARGS, BIN (a
+#      (results/rate_limited-<time>), SCRATCH_BASE (/tmp), BENCH_LOCK (/tmp/bench.lock), SQUEEZE_SERVE_ARGS, BIN (a
 #      squeeze binary to use instead of building one), CARGO_TARGET_DIR.
-# Needs fio (with its nbd engine), flock, python3. The measuring part holds `flock $BENCH_LOCK`.
+# Needs fio (with its nbd engine), flock, python3. The whole run holds the bench lock
+# (bench/README.md).
 set -euo pipefail
 
 SQ_PROG=bench/rate_limited.sh
@@ -28,34 +31,27 @@ SQ_PROG=bench/rate_limited.sh
 FRACTIONS=${FRACTIONS:-0.5 0.75}
 SIZE=${SIZE:-2g}
 REPS=${REPS:-1}
-OUT=${OUT:-/tmp/squeeze-rate.$(date +%Y%m%d-%H%M%S)}
-LOCK=${BENCH_LOCK:-/tmp/bench.lock}
 
 for t in fio flock python3; do command -v "$t" >/dev/null || sq_die "missing $t"; done
 fio --enghelp 2>/dev/null | grep -qw nbd || sq_die "this fio has no nbd engine (Debian's fio has it)"
+sq_lock
 sq_bin
-mkdir -p "$OUT"
-sq_machine "$OUT/machine.txt" "$OUT"
+SCR=$(mktemp -d "${SCRATCH_BASE:-/tmp}/squeeze-rate.XXXXXX")
+cleanup() { sq_serve_stop srv; rm -rf "$SCR"; }
+sq_on_exit cleanup
+sq_out rate_limited "$SCR"
 cat "$OUT/machine.txt" >&2
 
-PID=0
-stop() { [[ $PID == 0 ]] || { kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; PID=0; }; }
-trap stop EXIT
+stop() { sq_serve_stop srv; }
 
-serve() { # serve DIR [ARGS...]: a fresh server on DIR/nbd.sock, control socket DIR/vol.ctl
-  local dir=$1 i
-  shift
+serve() { # serve DIR TAG [ARGS...]: a fresh server on DIR/nbd.sock, control socket DIR/vol.ctl
+  local dir=$1 tag=$2
+  shift 2
   rm -rf "$dir"
   mkdir -p "$dir"
   # shellcheck disable=SC2086
-  "$BIN" serve --socket "$dir/nbd.sock" --size 64G "$@" ${SQUEEZE_SERVE_ARGS:-} "$dir/vol.sqz" \
-    >"$dir/server.log" 2>&1 &
-  PID=$!
-  for ((i = 0; i < 100; i++)); do
-    [[ -S $dir/nbd.sock && -S $dir/vol.ctl ]] && return
-    sleep 0.1
-  done
-  sq_die "server on $dir did not start: $(tail -n3 "$dir/server.log")"
+  sq_serve_start srv "$OUT/$tag.server.log" --ready "$dir/nbd.sock" --ready "$dir/vol.ctl" -- \
+    --socket "$dir/nbd.sock" --size 64G "$@" ${SQUEEZE_SERVE_ARGS:-} "$dir/vol.sqz"
 }
 
 job() { # job DIR RATE_KBPS(0 = none) TAG: the W1 write job against DIR's server
@@ -69,7 +65,7 @@ job() { # job DIR RATE_KBPS(0 = none) TAG: the W1 write job against DIR's server
   "$BIN" stats --json "$dir/vol.ctl" >"$OUT/$tag.stats.json"
 }
 
-summary() { # summary TAG RATE_KBPS: one line from the fio JSON and the stats
+summary() { # summary TAG RATE_KBPS: one line from the fio JSON and the stats, and its JSON line
   python3 - "$OUT/$1.fio.json" "$OUT/$1.stats.json" "$1" "$2" <<'EOF'
 import json, sys
 fio_path, stats_path, tag, rate = sys.argv[1:5]
@@ -83,26 +79,26 @@ written, below = s["bytes_written"], s.get("below_target_bytes", 0)
 inline = 1 - below / written if written else 0
 print(f"{tag}\trate_limit_kBps={rate}\tMB/s={mbps:.1f}\twritten={written}\tbelow_target={below}"
       f"\tinline_target_share={inline:.4f}\tratio={s.get('compression_ratio', 0):.3f}")
+print(json.dumps({"tag": tag, "rate_limit_kBps": int(rate), "MB/s": mbps, "written": written,
+                  "below_target": below, "inline_target_share": inline,
+                  "ratio": s.get("compression_ratio", 0)}))
 EOF
 }
 
-exec 9>"$LOCK"
-sq_log "waiting for $LOCK"
-flock 9
 for ((rep = 1; rep <= REPS; rep++)); do
-  serve "$OUT/srv" --no-adapt
-  job "$OUT/srv" 0 "r$rep-ceiling"
+  serve "$SCR/srv" "r$rep-ceiling" --no-adapt
+  job "$SCR/srv" 0 "r$rep-ceiling"
   stop
-  line=$(summary "r$rep-ceiling" 0)
+  line=$(summary "r$rep-ceiling" 0 | sq_emit rep="$rep" fraction:=null)
   echo "$line"
   ceiling_kbps=$(python3 -c "import sys; print(int(float(sys.argv[1].split('MB/s=')[1].split()[0]) * 1000))" "$line")
   for f in $FRACTIONS; do
     rate=$(python3 -c "print(int($ceiling_kbps * $f))")
-    serve "$OUT/srv"
-    job "$OUT/srv" "$rate" "r$rep-rate$f"
+    serve "$SCR/srv" "r$rep-rate$f"
+    job "$SCR/srv" "$rate" "r$rep-rate$f"
     stop
-    summary "r$rep-rate$f" "$rate"
+    summary "r$rep-rate$f" "$rate" | sq_emit rep="$rep" fraction="$f"
   done
 done
-rm -rf "$OUT/srv"
-sq_log "raw output in $OUT"
+sq_table
+sq_log "results in $OUT (table.md, results.jsonl; raw fio JSON, stats, server logs)"

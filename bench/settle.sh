@@ -18,17 +18,17 @@
 #   (`squeeze stats --json DIR/vol.ctl`) the live compression_ratio, garbage_bytes, merged_bytes,
 #   merge_bytes_written, stored_bytes, physical_bytes; plus the server's CPU seconds (utime+stime
 #   of all its threads, /proc/PID/stat) and the machine's busy time since W2 ended.
-# W1 runs under `flock $BENCH_LOCK`; W2 and the idle samples after it under one hold of the same
-# lock (the idle phase is a measurement too: the merger's CPU time and how fast it catches up).
-# Needs fio (ioengine=nbd), flock, python3; not root.
+# The whole run holds the bench lock (bench/README.md; the idle phase is a measurement too: the
+# merger's CPU time and how fast it catches up). Needs fio (ioengine=nbd), flock, python3; not root.
 #
 # Env: REPS (1), FIO_SIZE (2g), FIO_RT_SEQ (30), FIO_RT_RAND (20), SETTLE_TIMES ("0 5 10 20 30 60"),
 #      SQUEEZE_SERVE_ARGS (extra `serve` options), SCRATCH_BASE (/tmp: the volumes), OUT
-#      (/tmp/squeeze-settle.<time>), BIN (a built squeeze; default: build it in CARGO_TARGET_DIR),
+#      (results/settle-<time>), BIN (a built squeeze; default: build it in CARGO_TARGET_DIR),
 #      HARNESS (../shared/bench/run.sh: its job files are used), BENCH_LOCK (/tmp/bench.lock).
 # Output: $OUT/settle.json (machine facts, settings, and per repetition W1 MB/s, W2 IOPS, the ratio
-#      after W1 and one object per sample), $OUT/machine.txt, raw fio JSON, stats JSON and server
-#      logs under $OUT/raw/; a short summary on stdout, progress on stderr.
+#      after W1 and one object per sample; bench/report.py reads it), OUT/results.jsonl (one line
+#      per repetition and sample) and OUT/table.md, $OUT/machine.txt, raw fio JSON, stats JSON
+#      and server logs under $OUT/raw/; a short summary on stdout, progress on stderr.
 set -euo pipefail
 shopt -s inherit_errexit
 
@@ -42,8 +42,6 @@ FIO_RT_SEQ=${FIO_RT_SEQ:-30}
 FIO_RT_RAND=${FIO_RT_RAND:-20}
 SETTLE_TIMES=${SETTLE_TIMES:-0 5 10 20 30 60}
 SCRATCH_BASE=${SCRATCH_BASE:-/tmp}
-OUT=${OUT:-/tmp/squeeze-settle.$(date +%Y%m%d-%H%M%S)}
-LOCK=${BENCH_LOCK:-/tmp/bench.lock}
 JOBS=$(dirname "$HARNESS")
 SERVE_ARGS=${SQUEEZE_SERVE_ARGS:-}
 
@@ -65,33 +63,21 @@ done
 for wl in w1-write w2-randwrite; do
   [[ -r $JOBS/$wl.fio ]] || sq_die "no job file $JOBS/$wl.fio (set HARNESS)"
 done
-if [[ -n ${BIN:-} && -x ${BIN:-} ]]; then
-  sq_log "using $BIN"
-else
-  command -v cargo >/dev/null || sq_die "no cargo (install Rust with rustup), and BIN is not set"
-  sq_build
-fi
+sq_lock
+sq_bin
 
-mkdir -p "$OUT/raw"
 SCR=$(mktemp -d "$SCRATCH_BASE/squeeze-settle.XXXXXX")
 SERVER_PID=0
 HZ=$(getconf CLK_TCK)
 
 cleanup() {
-  local rc=$?
-  set +e
-  if [[ $SERVER_PID != 0 ]]; then
-    kill "$SERVER_PID" 2>/dev/null
-    wait "$SERVER_PID" 2>/dev/null
-  fi
+  sq_serve_stop srv
   rm -rf "$SCR"
-  exit "$rc"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+sq_on_exit cleanup
 
-sq_machine "$OUT/machine.txt" "$SCRATCH_BASE"
+sq_out settle "$SCRATCH_BASE"
+mkdir -p "$OUT/raw"
 {
   echo "settings: REPS=$REPS FIO_SIZE=$FIO_SIZE FIO_RT_SEQ=$FIO_RT_SEQ FIO_RT_RAND=$FIO_RT_RAND SETTLE_TIMES=${TIMES[*]}"
   echo "serve_args: $SERVE_ARGS"
@@ -119,24 +105,17 @@ alive() {
 }
 
 start_server() { # start_server DIR
-  local dir=$1 i
+  local dir=$1
   SOCK=$dir/nbd.sock CTL=$dir/data/vol.ctl SERVER_LOG=$OUT/raw/r$REP-serve.log
   mkdir -p "$dir/data"
   # shellcheck disable=SC2086 # SERVE_ARGS is a list of options
-  "$BIN" serve --socket "$SOCK" --size 64G $SERVE_ARGS "$dir/data/vol.sqz" >"$SERVER_LOG" 2>&1 &
-  SERVER_PID=$!
-  for ((i = 0; i < 200; i++)); do
-    [[ -S $SOCK && -S $CTL ]] && return 0
-    alive
-    sleep 0.1
-  done
-  sq_die "the server did not open $SOCK and $CTL in 20 s"
+  sq_serve_start srv "$SERVER_LOG" --ready "$SOCK" --ready "$CTL" -- \
+    --socket "$SOCK" --size 64G $SERVE_ARGS "$dir/data/vol.sqz"
+  SERVER_PID=$(sq_serve_pid srv)
 }
 
 stop_server() {
-  [[ $SERVER_PID != 0 ]] || return 0
-  kill "$SERVER_PID" 2>/dev/null || true
-  wait "$SERVER_PID" 2>/dev/null || true
+  sq_serve_stop srv
   SERVER_PID=0
 }
 
@@ -160,19 +139,6 @@ sample() { # sample TARGET_S: one line of $SAMPLES
   sq_log "rep $REP: idle ${target}s: du $((du / 1048576)) MiB, server CPU $(((cpu - W2_CPU) / HZ)) s"
 }
 
-# The benchmark lock, held around W1 and around W2 + the idle samples. The file is opened
-# read-only, as flock(1) does (a lock file made by another user works), and only while held, so
-# that the server never inherits it.
-lock() {
-  [[ -e $LOCK ]] || : >>"$LOCK"
-  exec {LOCKFD}<"$LOCK"
-  flock -n "$LOCKFD" || { sq_log "waiting for $LOCK ..."; flock "$LOCKFD"; }
-}
-unlock() {
-  flock -u "$LOCKFD"
-  exec {LOCKFD}<&-
-}
-
 export FIO_ENGINE=nbd FIO_DIRECT=0 FIO_SIZE FIO_RT_SEQ FIO_RT_RAND
 for ((REP = 1; REP <= REPS; REP++)); do
   DIR=$SCR/r$REP
@@ -181,12 +147,9 @@ for ((REP = 1; REP <= REPS; REP++)); do
   start_server "$DIR"
   export FIO_TARGET="uri=nbd+unix:///?socket=$SOCK"
 
-  lock
   run_fio w1-write
   echo "w1 $(du_bytes "$DIR/data")" >"$OUT/raw/r$REP-w1-du.txt"
-  unlock
 
-  lock
   run_fio w2-randwrite
   W2_END_US=$(now_us)
   W2_CPU=$(proc_ticks "$SERVER_PID")
@@ -197,14 +160,13 @@ for ((REP = 1; REP <= REPS; REP++)); do
     alive
     sample "$t"
   done
-  unlock
 
   stop_server
   rm -rf "$DIR"
 done
 
-# settle.json and the summary
-SERVE_ARGS=$SERVE_ARGS python3 - "$OUT" "$REPS" "$HZ" "${TIMES[*]}" <<'PY'
+# settle.json, its lines in results.jsonl, and the summary
+SERVE_ARGS=$SERVE_ARGS python3 - "$OUT" "$REPS" "$HZ" "${TIMES[*]}" <<'PY' | sq_emit
 import json, os, sys
 
 out, reps, hz, times = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -298,5 +260,13 @@ for rep in doc["reps"]:
         print(f"  idle {s['idle_s']:3d}s: ratio(du) {s['ratio_du']:.3f} live {s['compression_ratio']:.3f} "
               f"garbage {s['garbage_bytes'] / 1e6:5.0f} MB merged {s['merged_bytes'] / 1e6:5.0f} MB "
               f"(wrote {s['merge_bytes_written'] / 1e6:.0f} MB) server CPU {s['server_cpu_s']:.1f} s")
+# one line per repetition and sample, in results.jsonl (bench/lib.sh sq_emit)
+for rep in doc["reps"]:
+    head = {k: rep[k] for k in ("rep", "w1_write_mbps", "ratio_w1", "w2_iops")}
+    for s in rep["samples"]:
+        print(json.dumps({**head, **{k: s[k] for k in ("idle_s", "idle_s_actual", "ratio_du", "compression_ratio",
+                                                        "garbage_bytes", "merged_bytes", "merge_bytes_written",
+                                                        "server_cpu_s", "machine_busy_pct")}}))
 PY
-sq_log "settle.json and raw outputs under $OUT"
+sq_table
+sq_log "settle.json, results.jsonl, table.md and raw outputs under $OUT"

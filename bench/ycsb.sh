@@ -8,7 +8,8 @@
 #
 # Builds `squeeze-ycsb --features rocksdb` (the rocksdb crate linked against Debian's
 # librocksdb-dev, so no RocksDB is compiled: ROCKSDB_LIB_DIR is the system's), then runs, one
-# process per store and one store after the other under `flock $BENCH_LOCK`: the load of
+# process per store and one store after the other, the whole run (builds included) under the
+# bench lock (bench/README.md): the load of
 # RECORDS records (400-byte db_bench-like values, compress about 2:1; YCSB's hashed key names),
 # the workloads (default a,b,c,f,d: YCSB's order, D inserts so it comes last) of OPS operations
 # each, with THREADS threads, every thread making its writes durable every SYNC_EVERY writes
@@ -21,12 +22,14 @@
 # with its default options but compression C (none, lz4, lz4-zstd: lz4 on every level, zstd on
 # the bottommost) and one background job per core, the WAL on.
 #
-# Output: OUT/STORE.jsonl (one JSON line per phase), OUT/STORE.err (progress), OUT/machine.txt,
-# and the markdown table (`squeeze-ycsb table`) on stdout and in OUT/table.md.
+# Output: OUT/STORE.jsonl (one JSON line per phase; all of them, with "store", in
+# OUT/results.jsonl), OUT/STORE.err (progress), OUT/machine.txt, and the markdown table
+# (`squeeze-ycsb table`) on stdout and in OUT/table.md. No squeeze binary and no server: the
+# stores run in squeeze-ycsb's process.
 #
 # Env: RECORDS (5000000), OPS (1000000), THREADS (2), WORKLOADS (a,b,c,f,d), SYNC_EVERY (1000),
 #      STORES, DIR (scratch, default /var/tmp/squeeze-ycsb.work; emptied per store),
-#      OUT (/var/tmp/squeeze-ycsb.<time>), BENCH_LOCK (/tmp/bench.lock), CARGO_TARGET_DIR.
+#      OUT (results/ycsb-<time>), BENCH_LOCK (/tmp/bench.lock), CARGO_TARGET_DIR.
 # Needs: librocksdb-dev and libclang-dev (bindgen) — apt-get installed as root when missing.
 set -euo pipefail
 
@@ -41,9 +44,7 @@ WORKLOADS=${WORKLOADS:-a,b,c,f,d}
 SYNC_EVERY=${SYNC_EVERY:-1000}
 STORES=${STORES:-kv rocksdb:none rocksdb:lz4 rocksdb:lz4-zstd}
 DIR=${DIR:-/var/tmp/squeeze-ycsb.work}
-OUT=${OUT:-/var/tmp/squeeze-ycsb.$(date +%Y%m%d-%H%M%S)}
-BENCH_LOCK=${BENCH_LOCK:-/tmp/bench.lock}
-TARGET=${CARGO_TARGET_DIR:-$SQ_ROOT/target}
+TARGET=$SQ_TARGET
 
 missing=()
 [[ -e /usr/include/rocksdb/c.h ]] || missing+=(librocksdb-dev)
@@ -59,20 +60,18 @@ if ((${#missing[@]})); then
   fi
 fi
 
+sq_lock
 # Two builds: squeeze-kv runs in a binary without RocksDB, as an application embedding it would
 # (librocksdb's pages would otherwise count in its resident memory), RocksDB in one with it.
 sq_log "building squeeze-ycsb, without and with RocksDB (system librocksdb), in $TARGET"
-(cd "$SQ_ROOT" && CARGO_TARGET_DIR=$TARGET cargo build --release --quiet -p squeeze-ycsb) \
-  || sq_die "cargo build failed"
+sq_cargo_build -p squeeze-ycsb
 cp "$TARGET/release/squeeze-ycsb" "$TARGET/release/squeeze-ycsb-kv"
-(cd "$SQ_ROOT" && ROCKSDB_LIB_DIR=/usr/lib/x86_64-linux-gnu CARGO_TARGET_DIR=$TARGET \
-  cargo build --release --quiet -p squeeze-ycsb --features rocksdb) || sq_die "cargo build failed"
+ROCKSDB_LIB_DIR=/usr/lib/x86_64-linux-gnu sq_cargo_build -p squeeze-ycsb --features rocksdb
 YCSB=$TARGET/release/squeeze-ycsb
 YCSB_KV=$TARGET/release/squeeze-ycsb-kv
-BIN=$YCSB
+BIN=$YCSB # (machine.txt's "squeeze:" line: squeeze-ycsb --version)
 
-mkdir -p "$OUT"
-sq_machine "$OUT/machine.txt" "$(dirname "$DIR")"
+sq_out ycsb "$(dirname "$DIR")"
 echo "rocksdb: $(dpkg-query -W -f '${Version}' librocksdb-dev 2>/dev/null || echo '?')" >>"$OUT/machine.txt"
 {
   echo "records: $RECORDS"; echo "ops: $OPS"; echo "threads: $THREADS"
@@ -92,12 +91,13 @@ for s in $STORES; do
   sq_log "$name: $RECORDS records, workloads $WORKLOADS of $OPS ops (progress in $OUT/$name.err)"
   bin=$YCSB
   [[ $db == kv ]] && bin=$YCSB_KV
-  flock "$BENCH_LOCK" "$bin" run --db "$db" --compression "$comp" --dir "$DIR" \
+  "$bin" run --db "$db" --compression "$comp" --dir "$DIR" \
     --records "$RECORDS" --ops "$OPS" --threads "$THREADS" --workloads "$WORKLOADS" \
     --sync-every "$SYNC_EVERY" --buckets-per-key "$bpk" >"$OUT/$name.jsonl" 2>"$OUT/$name.err" \
     || { tail -n 5 "$OUT/$name.err" >&2; sq_die "$name failed (see $OUT/$name.err)"; }
+  sq_result - store="$name" <"$OUT/$name.jsonl"
   files+=("$OUT/$name.jsonl")
 done
 rm -rf "$DIR"
-"$YCSB" table "${files[@]}" | tee "$OUT/table.md"
+"$YCSB" table "${files[@]}" | sq_table -
 sq_log "results in $OUT"
