@@ -16,9 +16,10 @@ step() { printf '\n==> %s\n' "$*"; }
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "bench/report.py and bench/pg_fillfactor.py tests"
+step "bench/report.py, bench/pg_fillfactor.py and bench/results.py tests"
 python3 bench/test_report.py
 python3 bench/test_pg_fillfactor.py
+python3 bench/test_results.py
 
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
