@@ -224,9 +224,10 @@ fn open_failed(path: &Path, e: squeeze_engine::EngineError) -> anyhow::Error {
     let what = format!("cannot open volume {}", path.display());
     if matches!(e, squeeze_engine::EngineError::Damaged(_)) {
         anyhow::anyhow!(
-            "{e}. `squeeze check {}` names the damage; --accept-loss opens the volume with what \
-             survives (the sectors of the lost records read back older data)",
-            path.display()
+            "{e}. `squeeze check {p}` names the damage; `squeeze serve --accept-loss` (or \
+             `squeeze export --accept-loss {p} DST`) opens the volume with what survives (the \
+             sectors of the lost records read back older data)",
+            p = path.display()
         )
         .context(what)
     } else {
