@@ -29,7 +29,7 @@
 //! one minute to the next (host load, the state of the guest's free memory),
 //! so each engine pass is compared with the raw pass measured beside it.
 
-use super::PolicyArgs;
+use crate::policy_args::PolicyArgs;
 use crate::util::{bench_dir, human, parse_size};
 use anyhow::{bail, Context, Result};
 use squeeze_codec::process::cpu_seconds as process_cpu_seconds;

@@ -1,6 +1,6 @@
 //! `squeeze create PATH --size SIZE [policy]`: a new, empty, thin volume.
 
-use super::PolicyArgs;
+use crate::policy_args::{alg_name, PolicyArgs};
 use crate::util::{hex, human, parse_size};
 use anyhow::{Context, Result};
 use squeeze_engine::{default_policy, CreateOptions, FileStorage, Volume};
@@ -40,7 +40,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         a.path.display(),
         human(sb.logical_size),
         hex(&sb.uuid),
-        super::alg_name(sb.policy.codec, sb.policy.level),
+        alg_name(sb.policy.codec, sb.policy.level),
         sb.policy.mode.name()
     );
     Ok(ExitCode::SUCCESS)

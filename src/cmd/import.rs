@@ -3,7 +3,7 @@
 //! zero regions become holes in the volume. Creates the volume, sized to the
 //! source, when PATH does not exist.
 
-use super::PolicyArgs;
+use crate::policy_args::PolicyArgs;
 use crate::util::{human, open_volume, progress};
 use anyhow::{bail, Context, Result};
 use squeeze_codec::process::cpu_seconds as process_cpu_seconds;

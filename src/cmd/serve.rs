@@ -16,7 +16,7 @@
 //! see and select, and `--allow` limits the addresses TCP clients may
 //! connect from.
 
-use super::PolicyArgs;
+use crate::policy_args::{policy_json, PolicyArgs};
 use crate::util::{human, open_volume_with, parse_size};
 use anyhow::{bail, Context, Result};
 use squeeze_engine::{
@@ -803,7 +803,7 @@ pub struct ControlRequest {
     pub volume: Option<String>,
     /// set: the policy options to change (as on the command line).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub policy: Option<super::PolicyArgs>,
+    pub policy: Option<PolicyArgs>,
     /// set: the new --max-physical in bytes (0 = none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_physical: Option<u64>,
@@ -849,7 +849,7 @@ fn control_request(
             Ok(serde_json::json!({
                 "ok": true,
                 "volume": name,
-                "policy": super::policy_json(&dev.vol.policy()),
+                "policy": policy_json(&dev.vol.policy()),
                 "max_physical": dev.vol.superblock().max_physical,
             }))
         }
