@@ -9,6 +9,7 @@
 #[macro_use]
 mod util;
 mod cmd;
+mod control_client;
 mod policy_args;
 
 use clap::{Parser, Subcommand};

@@ -141,13 +141,6 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
-/// Whether `path` is a Unix socket (a running server's control socket).
-pub fn is_socket(path: &std::path::Path) -> bool {
-    std::fs::metadata(path)
-        .map(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
-        .unwrap_or(false)
-}
-
 /// A benchmark's `--dir`, checked before any work: an existing directory
 /// (the bench makes its temporary volumes there and removes them; it
 /// creates no directory a typo named).

@@ -16,6 +16,7 @@
 //! see and select, and `--allow` limits the addresses TCP clients may
 //! connect from.
 
+use crate::control_client::ControlRequest;
 use crate::policy_args::{policy_json, PolicyArgs};
 use crate::util::{human, open_volume_with, parse_size};
 use anyhow::{bail, Context, Result};
@@ -791,27 +792,6 @@ fn space_watch(devs: &[(String, Arc<VolumeDevice>)], stop: &AtomicBool) {
 /// Longest request line the control socket reads.
 const CONTROL_REQUEST_MAX: u64 = 64 << 10;
 
-/// A control request: what a `squeeze set` or `squeeze resize` on the
-/// control socket sends.
-#[derive(serde::Serialize, serde::Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields)]
-pub struct ControlRequest {
-    /// "stats", "set" or "resize".
-    pub op: String,
-    /// The export to change; may be left out when the server has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub volume: Option<String>,
-    /// set: the policy options to change (as on the command line).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub policy: Option<PolicyArgs>,
-    /// set: the new --max-physical in bytes (0 = none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_physical: Option<u64>,
-    /// resize: the new logical size in bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size: Option<u64>,
-}
-
 fn control_request(
     line: &str,
     devs: &[(String, Arc<VolumeDevice>)],
@@ -861,58 +841,6 @@ fn control_request(
         }
         op => bail!("unknown op {op:?}: use stats, set or resize"),
     }
-}
-
-/// Sends `req` to a server's control socket and returns its answer; an
-/// `"error"` answer is an error.
-pub fn control_call(path: &Path, req: &ControlRequest) -> Result<serde_json::Value> {
-    let mut c = UnixStream::connect(path)?;
-    let mut line = serde_json::to_string(req)?;
-    line.push('\n');
-    c.write_all(line.as_bytes())?;
-    c.shutdown(std::net::Shutdown::Write)?;
-    let mut s = String::new();
-    c.read_to_string(&mut s)?;
-    let v: serde_json::Value =
-        serde_json::from_str(&s).context("malformed answer from the control socket")?;
-    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
-        bail!("{e}");
-    }
-    Ok(v)
-}
-
-/// A running server's answer on its control socket.
-pub struct LiveStats {
-    /// Each volume's statistics.
-    pub volumes: Vec<(String, VolumeStats)>,
-    /// The NBD server's counters (connections, requests by type, bytes,
-    /// errors), for all its exports together.
-    pub server: serde_json::Value,
-}
-
-/// Reads the live statistics from a server's control socket.
-pub fn query_control(path: &Path) -> Result<LiveStats> {
-    let v = control_call(
-        path,
-        &ControlRequest {
-            op: "stats".into(),
-            ..Default::default()
-        },
-    )?;
-    let vols = v["volumes"]
-        .as_object()
-        .ok_or_else(|| anyhow::anyhow!("malformed answer from the control socket"))?;
-    Ok(LiveStats {
-        volumes: vols
-            .iter()
-            .map(|(k, v)| Ok((k.clone(), stats_from_json(v)?)))
-            .collect::<Result<_>>()?,
-        server: v["server"].clone(),
-    })
-}
-
-fn stats_from_json(v: &serde_json::Value) -> Result<VolumeStats> {
-    Ok(serde_json::from_value(v.clone())?)
 }
 
 fn metrics_loop(

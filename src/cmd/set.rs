@@ -3,9 +3,9 @@
 //! already written keeps its codec) and the cap on the backing file, on a
 //! volume file or, through its control socket, on a running server.
 
-use super::serve::{control_call, ControlRequest};
+use crate::control_client::{control_call, is_socket, ControlRequest};
 use crate::policy_args::{policy_json, PolicyArgs};
-use crate::util::{human, is_socket, open_volume, parse_size};
+use crate::util::{human, open_volume, parse_size};
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
