@@ -18,7 +18,7 @@
 
 use crate::control_client::ControlRequest;
 use crate::policy_args::{policy_json, PolicyArgs};
-use crate::util::{human, open_volume_with, parse_size};
+use crate::util::{create_volume, human, open_volume_with, parse_size};
 use anyhow::{bail, Context, Result};
 use squeeze_engine::{
     default_policy, CreateOptions, EngineError, OpenOptions, Volume, VolumeStats, MAX_LOGICAL_SIZE,
@@ -357,7 +357,7 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
     }
     let mut o = CreateOptions::new(a.size);
     o.policy = a.policy.apply(default_policy())?;
-    let v = super::create::create(path, &o)?;
+    let v = create_volume(path, &o)?;
     noteln!(
         "created {} ({} logical, thin)",
         path.display(),
@@ -1242,7 +1242,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("v.sqz");
         let _ = std::fs::remove_file(&path);
-        let vol = super::super::create::create(&path, &CreateOptions::new(1 << 20)).unwrap();
+        let vol = create_volume(&path, &CreateOptions::new(1 << 20)).unwrap();
         let dev = Arc::new(VolumeDevice { vol });
         assert_eq!(dev.max_concurrent_writes(), volume_write_slots());
         let export = |d: &Arc<VolumeDevice>| Export {
