@@ -10,6 +10,7 @@
 mod util;
 mod cmd;
 mod control_client;
+mod machine;
 mod policy_args;
 
 use clap::{Parser, Subcommand};

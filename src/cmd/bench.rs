@@ -29,6 +29,7 @@
 //! one minute to the next (host load, the state of the guest's free memory),
 //! so each engine pass is compared with the raw pass measured beside it.
 
+use crate::machine::machine;
 use crate::policy_args::PolicyArgs;
 use crate::util::{bench_dir, human, parse_size};
 use anyhow::{bail, Context, Result};
@@ -158,29 +159,6 @@ struct Report {
     blobs_compressed: u64,
     blobs_rejected: u64,
     blobs_skipped: u64,
-}
-
-pub fn machine() -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .next()
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|k| k.parse::<u64>().ok())
-        })
-        .map_or(String::new(), |kb| format!(", {}", human(kb * 1024)));
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    format!("{model}, {cores} cores{mem}")
 }
 
 fn load_data(a: &Args) -> Result<(Vec<u8>, String)> {

@@ -49,6 +49,7 @@ pub mod measure;
 pub mod svg;
 pub mod walk;
 
+use crate::machine::machine;
 use crate::util::{human, progress};
 use anyhow::{bail, Context, Result};
 use detect::{detect, DataType};
@@ -587,7 +588,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let recommendation = recommend(&all, &groups, bytes_data);
     let report = Report {
         tool: "squeeze scan",
-        machine: super::bench::machine(),
+        machine: machine(),
         paths: a.paths.iter().map(|p| p.display().to_string()).collect(),
         sampled,
         sample_bytes_target: budget,
