@@ -12,6 +12,7 @@ mod cmd;
 mod control_client;
 mod machine;
 mod policy_args;
+mod svg;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

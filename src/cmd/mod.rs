@@ -1,6 +1,6 @@
 //! One module per subcommand. Subcommands do not import each other: what
 //! two of them share lives below them, in the crate root (`policy_args`,
-//! `control_client`, `machine`, `util`).
+//! `control_client`, `machine`, `svg`, `util`).
 
 pub mod bench;
 pub mod check;

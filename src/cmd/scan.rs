@@ -46,10 +46,10 @@
 
 pub mod detect;
 pub mod measure;
-pub mod svg;
 pub mod walk;
 
 use crate::machine::machine;
+use crate::svg;
 use crate::util::{human, progress};
 use anyhow::{bail, Context, Result};
 use detect::{detect, DataType};
