@@ -13,7 +13,6 @@ pub mod kv;
 pub mod resize;
 pub mod scan;
 pub mod serve;
-pub mod serve_fuse;
 pub mod set;
 pub mod stats;
 pub mod tco;
