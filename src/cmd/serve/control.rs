@@ -4,6 +4,7 @@
 //! are `crate::control_client`'s; the protocol is in docs/ARCHITECTURE.md,
 //! "Control socket".
 
+use super::accept::one_at_a_time;
 use super::device::VolumeDevice;
 use crate::control_client::ControlRequest;
 use crate::policy_args::policy_json;
@@ -12,8 +13,9 @@ use squeeze_nbd::Server;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Longest request line the control socket reads.
 const CONTROL_REQUEST_MAX: u64 = 64 << 10;
@@ -47,14 +49,9 @@ pub(super) fn control_loop(
     srv: &Server,
     stop: &AtomicBool,
 ) {
-    for conn in l.incoming() {
-        if stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let Ok(mut c) = conn else { continue };
-        let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+    one_at_a_time(l.incoming(), stop, Duration::from_secs(2), |c| {
         let mut line = String::new();
-        let read = BufReader::new((&mut c).take(CONTROL_REQUEST_MAX)).read_line(&mut line);
+        let read = BufReader::new((&mut *c).take(CONTROL_REQUEST_MAX)).read_line(&mut line);
         let body = match read {
             Ok(_) if line.trim().is_empty() => stats_json(devs, srv),
             Err(e)
@@ -72,7 +69,7 @@ pub(super) fn control_loop(
             },
         };
         let _ = c.write_all(body.to_string().as_bytes());
-    }
+    });
 }
 
 fn control_request(

@@ -1,14 +1,16 @@
 //! `squeeze serve --metrics ADDR:PORT`: the statistics over HTTP, in
 //! Prometheus text exposition format (/metrics) and as JSON (/stats).
 
+use super::accept::one_at_a_time;
 use super::control::stats_json;
 use super::device::VolumeDevice;
 use squeeze_engine::VolumeStats;
 use squeeze_nbd::Server;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The `--metrics` listener (thread `sqz-metrics`), one client at a time:
 /// Prometheus text at /metrics, the control socket's statistics JSON at
@@ -19,20 +21,15 @@ pub(super) fn metrics_loop(
     srv: &Server,
     stop: &AtomicBool,
 ) {
-    for conn in l.incoming() {
-        if stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let Ok(mut c) = conn else { continue };
-        let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    one_at_a_time(l.incoming(), stop, Duration::from_secs(5), |c| {
         // Read the request line and the headers up to the blank line: closing
         // with unread request bytes would make the kernel answer with a RST,
         // and the client could lose the response.
         let mut first = String::new();
         {
-            let mut r = BufReader::new((&mut c).take(16 << 10));
+            let mut r = BufReader::new((&mut *c).take(16 << 10));
             if r.read_line(&mut first).is_err() {
-                continue;
+                return;
             }
             let mut line = String::new();
             while first.starts_with("GET")
@@ -62,7 +59,7 @@ pub(super) fn metrics_loop(
         );
         let _ = c.write_all(reply.as_bytes());
         let _ = c.shutdown(std::net::Shutdown::Write);
-    }
+    });
 }
 
 /// The statistics in Prometheus text exposition format.

@@ -20,11 +20,13 @@
 //! The rooms: `args` (the options, TLS, the NBD server's configuration),
 //! `volumes` (opening, creating and closing the served volumes), `device`
 //! (the adapter), `fuse` (the FUSE export), `control` (the control
-//! socket's server), `metrics` (Prometheus over HTTP), `watch` (the
-//! low-space watcher), `stats_threads` (starting and stopping those three)
-//! and `connect_help` (what the server prints on start); `run` here starts
-//! them, serves until a signal, and shuts them down in order.
+//! socket's server), `metrics` (Prometheus over HTTP), `accept` (the accept
+//! loop those two share), `watch` (the low-space watcher), `stats_threads`
+//! (starting and stopping those three) and `connect_help` (what the server
+//! prints on start); `run` here starts them, serves until a signal, and
+//! shuts them down in order.
 
+mod accept;
 mod args;
 mod connect_help;
 mod control;
