@@ -1,6 +1,8 @@
 //! `squeeze`: the command-line front end. Each subcommand lives in
-//! `cmd/<name>.rs`; `serve` holds the one adapter between the NBD layer and
-//! the engine (STYLE habit 9).
+//! `cmd/<name>.rs` or `cmd/<name>/`; `cmd/serve/device.rs` holds the one
+//! adapter between the NBD layer and the engine (STYLE habit 9).
+//! Subcommands do not import each other: what two share lives here, below
+//! them (`policy_args`, `control_client`, `machine`, `svg`, `util`).
 //!
 //! Output goes through `outln!` (util.rs), never `println!`, which panics
 //! when stdout is a pipe whose reader has gone (`squeeze stats | head`).
@@ -9,6 +11,10 @@
 #[macro_use]
 mod util;
 mod cmd;
+mod control_client;
+mod machine;
+mod policy_args;
+mod svg;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

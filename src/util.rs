@@ -1,8 +1,9 @@
-//! Helpers shared by the subcommands: sizes, opening volumes, progress.
+//! Helpers shared by the subcommands: sizes, creating and opening volumes,
+//! progress.
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use squeeze_engine::{FileStorage, OpenOptions, Volume};
+use squeeze_engine::{CreateOptions, FileStorage, OpenOptions, Volume};
 use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::Arc;
@@ -141,13 +142,6 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
-/// Whether `path` is a Unix socket (a running server's control socket).
-pub fn is_socket(path: &std::path::Path) -> bool {
-    std::fs::metadata(path)
-        .map(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
-        .unwrap_or(false)
-}
-
 /// A benchmark's `--dir`, checked before any work: an existing directory
 /// (the bench makes its temporary volumes there and removes them; it
 /// creates no directory a typo named).
@@ -159,6 +153,19 @@ pub fn bench_dir(dir: &Path) -> Result<()> {
             "--dir {}: {e} (give an existing directory for the temporary volumes)",
             dir.display()
         ),
+    }
+}
+
+/// Creates a volume file; removes the file again if creation fails.
+pub fn create_volume(path: &Path, opts: &CreateOptions) -> Result<Volume> {
+    let storage =
+        FileStorage::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    match Volume::create(Arc::new(storage), opts) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let _ = std::fs::remove_file(path);
+            Err(e).with_context(|| format!("cannot create volume {}", path.display()))
+        }
     }
 }
 

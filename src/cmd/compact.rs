@@ -5,7 +5,8 @@
 //! cleaned, a checkpoint frees the victims and they are punched out of the
 //! file. Prints what was merged and reclaimed.
 
-use crate::util::{human, is_socket, open_volume, progress};
+use crate::control_client::is_socket;
+use crate::util::{human, open_volume, progress};
 use anyhow::{bail, Result};
 use std::io::IsTerminal;
 use std::path::PathBuf;

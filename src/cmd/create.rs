@@ -1,12 +1,11 @@
 //! `squeeze create PATH --size SIZE [policy]`: a new, empty, thin volume.
 
-use super::PolicyArgs;
-use crate::util::{hex, human, parse_size};
-use anyhow::{Context, Result};
-use squeeze_engine::{default_policy, CreateOptions, FileStorage, Volume};
+use crate::policy_args::{alg_name, PolicyArgs};
+use crate::util::{create_volume, hex, human, parse_size};
+use anyhow::Result;
+use squeeze_engine::{default_policy, CreateOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -32,7 +31,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         max_physical: a.max_physical.unwrap_or(0),
         policy: a.policy.apply(default_policy())?,
     };
-    let vol = create(&a.path, &opts)?;
+    let vol = create_volume(&a.path, &opts)?;
     let sb = vol.superblock();
     vol.close()?;
     outln!(
@@ -40,21 +39,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
         a.path.display(),
         human(sb.logical_size),
         hex(&sb.uuid),
-        super::alg_name(sb.policy.codec, sb.policy.level),
+        alg_name(sb.policy.codec, sb.policy.level),
         sb.policy.mode.name()
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// Creates a volume file; removes the file again if creation fails.
-pub fn create(path: &std::path::Path, opts: &CreateOptions) -> Result<Volume> {
-    let storage =
-        FileStorage::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    match Volume::create(Arc::new(storage), opts) {
-        Ok(v) => Ok(v),
-        Err(e) => {
-            let _ = std::fs::remove_file(path);
-            Err(e).with_context(|| format!("cannot create volume {}", path.display()))
-        }
-    }
 }

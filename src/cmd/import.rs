@@ -3,8 +3,8 @@
 //! zero regions become holes in the volume. Creates the volume, sized to the
 //! source, when PATH does not exist.
 
-use super::PolicyArgs;
-use crate::util::{human, open_volume, progress};
+use crate::policy_args::PolicyArgs;
+use crate::util::{create_volume, human, open_volume, progress};
 use anyhow::{bail, Context, Result};
 use squeeze_codec::process::cpu_seconds as process_cpu_seconds;
 use squeeze_engine::{default_policy, CreateOptions};
@@ -86,7 +86,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         let size = len.div_ceil(1 << 20).max(1) << 20;
         let mut o = CreateOptions::new(size);
         o.policy = a.policy.apply(default_policy())?;
-        super::create::create(&a.path, &o)?
+        create_volume(&a.path, &o)?
     };
     if len > vol.size() {
         bail!(

@@ -1,5 +1,6 @@
 //! `squeeze info PATH [--json]`: format version, uuid, settings, layout.
 
+use crate::policy_args::{alg_name, policy_json};
 use crate::util::{hex, human, open_volume_read_only};
 use anyhow::Result;
 use squeeze_format::{DATA_START, FORMAT_VERSION};
@@ -42,7 +43,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "file_bytes": file_len,
         "truncated": vol.damage().truncated,
         "damage": (!vol.damage().is_empty()).then(|| vol.damage().to_string()),
-        "policy": super::policy_json(&p)
+        "policy": policy_json(&p)
     });
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&info)?);
@@ -111,14 +112,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "not closed cleanly"
         }
     );
-    outln!("algorithm       {}", super::alg_name(p.codec, p.level));
+    outln!("algorithm       {}", alg_name(p.codec, p.level));
     outln!("mode            {}", p.mode.name());
     outln!("required ratio  {}", f64::from(p.required_ratio_ppm) / 1e6);
     outln!("min blob size   {}", human(u64::from(p.min_blob)));
     outln!("max blob size   {}", human(u64::from(p.max_blob)));
     outln!(
         "recompress      {}",
-        super::alg_name(p.recompress_codec, p.recompress_level)
+        alg_name(p.recompress_codec, p.recompress_level)
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -6,8 +6,8 @@
 //! reconnects; a loop device on `serve --fuse-dir`'s file picks it up with
 //! `losetup -c`).
 
-use super::serve::{control_call, ControlRequest};
-use crate::util::{human, is_socket, open_volume, parse_size};
+use crate::control_client::{control_call, is_socket, ControlRequest};
+use crate::util::{human, open_volume, parse_size};
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -3,9 +3,9 @@
 //! already written keeps its codec) and the cap on the backing file, on a
 //! volume file or, through its control socket, on a running server.
 
-use super::serve::{control_call, ControlRequest};
-use super::PolicyArgs;
-use crate::util::{human, is_socket, open_volume, parse_size};
+use crate::control_client::{control_call, is_socket, ControlRequest};
+use crate::policy_args::{policy_json, PolicyArgs};
+use crate::util::{human, open_volume, parse_size};
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,7 +60,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             .then(|| a.policy.apply(vol.policy()))
             .transpose()?;
         vol.set_settings(policy, a.max_physical)?;
-        let p = super::policy_json(&vol.policy());
+        let p = policy_json(&vol.policy());
         let cap = vol.superblock().max_physical;
         vol.close()?;
         (a.path.display().to_string(), p, cap)

@@ -2,6 +2,7 @@
 //! PATH is a volume file, or the control socket of a running server
 //! (`squeeze serve --control PATH`), which answers with live figures.
 
+use crate::control_client::{is_socket, query_control};
 use crate::util::{human, open_volume_read_only};
 use anyhow::{Context, Result};
 use squeeze_engine::VolumeStats;
@@ -18,9 +19,9 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let is_socket = crate::util::is_socket(&a.path);
-    let (stats, server): (Vec<(String, VolumeStats)>, Option<serde_json::Value>) = if is_socket {
-        let live = super::serve::query_control(&a.path)
+    let socket = is_socket(&a.path);
+    let (stats, server): (Vec<(String, VolumeStats)>, Option<serde_json::Value>) = if socket {
+        let live = query_control(&a.path)
             .with_context(|| format!("asking the server at {}", a.path.display()))?;
         (live.volumes, Some(live.server))
     } else {
@@ -28,7 +29,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         (vec![(a.path.display().to_string(), vol.stats())], None)
     };
     if a.json {
-        if stats.len() == 1 && !is_socket {
+        if stats.len() == 1 && !socket {
             outln!("{}", serde_json::to_string_pretty(&stats[0].1)?);
         } else {
             // One object per volume; from a server, each also carries the

@@ -18,7 +18,7 @@
 //! print the same numbers, which docs/TCO.md and tests/tco_*.rs check), and
 //! every input is validated with an error naming the flag.
 
-use crate::cmd::scan::svg;
+use crate::svg;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use serde_json::Value;

@@ -31,7 +31,7 @@
 //! connected"); the next `serve --fuse-dir` on the same directory detaches
 //! it first (see [`prepare_mount_point`]).
 
-use super::serve::VolumeDevice;
+use super::device::VolumeDevice;
 use anyhow::{bail, Context, Result};
 use fuser::{
     BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,

@@ -1,0 +1,236 @@
+//! `squeeze serve`'s options, and the TLS settings and NBD server
+//! configuration they ask for.
+
+use super::device::VolumeDevice;
+use crate::policy_args::PolicyArgs;
+use crate::util::{human, parse_size};
+use anyhow::{bail, Result};
+use squeeze_nbd::{IpNet, ServerConfig, TlsConfig, TlsMode};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub const DEFAULT_DIR: &str = "squeeze-data";
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Volume files to export (default: ./squeeze-data/default.sqz, created on first use).
+    pub paths: Vec<PathBuf>,
+    /// TCP address to listen on. Loopback by default: NBD has no authentication.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// Listen on a Unix socket (mode 0600) instead of TCP (or as well, with --listen).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Also serve the volumes as files DIR/NAME of a FUSE file system, for
+    /// a loop device (`losetup -f --show DIR/NAME`): a kernel block device
+    /// where the kernel's nbd module is missing, one hop from the engine.
+    /// Needs /dev/fuse and fusermount3 (Debian's fuse3). NBD stays on as
+    /// well (--socket or --listen).
+    #[arg(long, value_name = "DIR")]
+    pub fuse_dir: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (and JSON at /stats).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
+    /// Control socket for `squeeze stats SOCKET` (default: beside the first volume, NAME.ctl).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Size of a volume this command creates (the default volume, or a missing PATH).
+    #[arg(long, default_value = "64G", value_parser = parse_size)]
+    pub size: u64,
+    /// Policy of a volume this command creates.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// NBD worker threads (requests executed at once, over all connections); default 8 per core, at least 16 (reads mostly wait for the device).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Of those, WRITE requests executed at once, overriding what the volumes declare (they are CPU-bound: the codec): two per core, at least 4.
+    #[arg(long)]
+    pub write_workers: Option<usize>,
+    /// Do not rewrite fragmented windows (left by small overwrites) as whole
+    /// blobs while clients are idle. The cleaner still runs; `squeeze
+    /// compact` still merges. Saves device writes at the cost of ratio.
+    #[arg(long)]
+    pub no_idle_merge: bool,
+    /// Serve a volume that lost flushed data (records a flush made durable
+    /// are gone, or the file was cut short: `squeeze check` names what),
+    /// keeping what survives. Without it such a volume is refused, since
+    /// the sectors of the lost records would read back older data. The
+    /// loss becomes permanent, and `stats` counts it.
+    #[arg(long)]
+    pub accept_loss: bool,
+    /// For databases and other small-commit workloads: before a flush that
+    /// follows little log, write zeros over the next 512 KiB past the log
+    /// head, once, so commits overwrite written blocks of the backing file
+    /// instead of converting fallocated ones at every fdatasync (faster
+    /// flushes; the log bytes of such a workload are written twice).
+    /// docs/DATABASES.md
+    #[arg(long)]
+    pub prewrite: bool,
+    /// Always compress writes with the policy's algorithm. By default a
+    /// write batch takes a faster codec of the ladder under it (zstd:3 ->
+    /// zstd:1 -> lz4) while the compression threads are behind, and
+    /// the bytes written so are recompressed with the policy's algorithm
+    /// when clients are idle (docs/ARCHITECTURE.md, "Adaptive write codec").
+    #[arg(long)]
+    pub no_adapt: bool,
+    /// Step down the codec ladder only while the compression threads are
+    /// behind, not also while the machine's cores are busy. By default the
+    /// server reads /proc/stat and, once the cores have been at least 95%
+    /// busy for 200 ms (client, server and compressor sharing them),
+    /// writes with the ladder's fastest codec until they have been at most
+    /// 75% busy for a second; between 80% and 95% busy it tries the fastest
+    /// codec for half a second and keeps it only if the clients wrote at
+    /// least 10% faster with it (docs/ARCHITECTURE.md, "Adaptive write
+    /// codec").
+    #[arg(long, conflicts_with = "no_adapt")]
+    pub no_cpu_adapt: bool,
+    /// RAM the sector map of each volume may use (default 128M, at least
+    /// 64K). Beyond it, map chunks that did not change since the last
+    /// checkpoint page out to the checkpoint chain on the volume and are
+    /// read back when needed; changed chunks stay until the next checkpoint,
+    /// which comes early when they hold the map over its cache.
+    /// docs/ARCHITECTURE.md, "Map paging".
+    #[arg(long, value_parser = parse_map_cache)]
+    pub map_cache: Option<u64>,
+    /// Drill, not for production: the compression engine reports itself
+    /// always far behind (`squeeze_codec::Saturated`), so every write batch
+    /// takes the fastest rung of the adaptive codec's ladder and idle time
+    /// has upgrades to run. The SIGKILL torture uses it
+    /// (`squeeze-torture --saturated-engine`).
+    #[arg(long, hide = true, conflicts_with = "no_adapt")]
+    pub simulate_saturated_engine: bool,
+    /// Share of the sealed log, in percent (15-60), that dead bytes may
+    /// reach before the cleaner copies while clients write: more saves
+    /// device writes (write amplification) at the cost of space, and is
+    /// spent only from free room (docs/ARCHITECTURE.md, "Cleaner policy").
+    #[arg(long, value_name = "PERCENT", default_value_t = 50.0, value_parser = parse_gc)]
+    pub gc_budget: f64,
+    /// Server certificate chain (PEM, leaf first) for TLS (NBD_OPT_STARTTLS).
+    /// With --tls-key; TLS is then required unless --tls-mode allow.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key of the server certificate (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// off: no TLS; allow: offer TLS, serve plaintext clients too; require:
+    /// refuse every option but STARTTLS (NBD_REP_ERR_TLS_REQD) until TLS is up.
+    /// Default: require with --tls-cert, off without.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub tls_mode: Option<TlsModeArg>,
+    /// Require TLS clients to present a certificate signed by a CA in FILE
+    /// (PEM); the only client authentication NBD has.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Export allow-list (repeatable): only these exports are listed and
+    /// selectable; others are refused as unknown. Default: every export.
+    #[arg(long = "allow-export", value_name = "NAME")]
+    pub allow_export: Vec<String>,
+    /// Client address allow-list for TCP (repeatable, CIDR like 10.0.0.0/8 or
+    /// a single address); others are closed on accept. Unix socket clients are
+    /// always allowed (the socket is mode 0600). Default: any address.
+    #[arg(long = "allow", value_name = "ADDR[/LEN]", value_parser = parse_net)]
+    pub allow: Vec<IpNet>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TlsModeArg {
+    Off,
+    Allow,
+    Require,
+}
+
+fn parse_gc(s: &str) -> Result<f64, String> {
+    let p: f64 = s
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|e| format!("{s:?} is not a percentage: {e}"))?;
+    squeeze_engine::GcPolicy::with_budget(p / 100.0)?;
+    Ok(p)
+}
+
+fn parse_net(s: &str) -> Result<IpNet, String> {
+    s.parse()
+}
+
+/// `--map-cache`: a size of at least `MAP_CACHE_MIN`.
+fn parse_map_cache(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if v < squeeze_engine::MAP_CACHE_MIN {
+        return Err(format!(
+            "{s} is below the smallest map cache, {}",
+            human(squeeze_engine::MAP_CACHE_MIN)
+        ));
+    }
+    Ok(v)
+}
+
+/// The TLS settings the flags ask for.
+pub(super) fn tls_config(a: &Args) -> Result<Option<TlsConfig>> {
+    let mode = match (a.tls_mode, &a.tls_cert) {
+        (Some(TlsModeArg::Off), Some(_)) => {
+            bail!("--tls-mode off with --tls-cert: drop one of them")
+        }
+        (Some(TlsModeArg::Off), None) | (None, None) => return Ok(None),
+        (Some(_), None) => bail!("--tls-mode allow/require needs --tls-cert and --tls-key"),
+        (Some(TlsModeArg::Allow), Some(_)) => TlsMode::Allow,
+        (Some(TlsModeArg::Require) | None, Some(_)) => TlsMode::Require,
+    };
+    let (Some(cert), Some(key)) = (&a.tls_cert, &a.tls_key) else {
+        bail!("--tls-cert and --tls-key go together");
+    };
+    let c = TlsConfig::from_pem_files(cert, key, a.tls_client_ca.as_deref(), mode)
+        .map_err(|e| anyhow::anyhow!("loading TLS certificates: {e}"))?;
+    Ok(Some(c))
+}
+
+/// What the flags ask of the NBD server: worker threads, write slots,
+/// TLS and the allow-lists (each `--allow-export` must name one of
+/// `devices`).
+pub(super) fn server_config(
+    a: &Args,
+    devices: &[(String, Arc<VolumeDevice>)],
+    tls: Option<TlsConfig>,
+) -> Result<ServerConfig> {
+    let mut config = ServerConfig::default();
+    if let Some(w) = a.workers {
+        config.workers = w.max(1);
+    }
+    // Without --write-workers the volumes' own declaration
+    // (`VolumeDevice::max_concurrent_writes`) sizes the write slots.
+    if let Some(w) = a.write_workers {
+        config.write_workers = Some(w.max(1));
+    }
+    config.tls = tls;
+    if !a.allow_export.is_empty() {
+        for n in &a.allow_export {
+            if !devices.iter().any(|(d, _)| d == n) {
+                bail!(
+                    "--allow-export {n:?}: no such export (exports: {})",
+                    devices
+                        .iter()
+                        .map(|d| d.0.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        config.allowed_exports = Some(a.allow_export.clone());
+    }
+    if !a.allow.is_empty() {
+        config.allowed_peers = Some(a.allow.clone());
+    }
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NBD has no authentication: without --listen, TCP is loopback only.
+    #[test]
+    fn default_listen_address_is_loopback() {
+        let a: std::net::SocketAddr = DEFAULT_LISTEN.parse().unwrap();
+        assert!(a.ip().is_loopback());
+    }
+}
