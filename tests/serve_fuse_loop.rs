@@ -1,4 +1,4 @@
-//! `squeeze serve --fuse-dir DIR` (src/cmd/serve_fuse.rs): the volume as a
+//! `squeeze serve --fuse-dir DIR` (src/cmd/serve/fuse.rs): the volume as a
 //! file of a FUSE file system, a loop device on it, and real programs on
 //! the device: mkfs.ext4 and a mount with real files, fio with
 //! verification, blkdiscard reaching the engine as trims, a SIGTERM that

@@ -307,7 +307,7 @@ fn reads_scan_and_bench_json() {
     let r = tco_json(&["--from-json", scan_path.to_str().unwrap(), "--ratio", "3"]);
     assert_eq!(r["model"]["measured"]["ratio"], 3.0);
 
-    // Bench output (the keys of src/cmd/bench.rs's Report).
+    // Bench output (the keys of src/cmd/bench/report.rs's Report).
     let bench = json!({
         "machine": "x", "cores": 2, "threads": 2, "algorithm": "zstd:1", "mode": "aggressive",
         "max_blob": 131072, "data": "fio-like", "bytes": 1, "write_mbps": 900.0,
