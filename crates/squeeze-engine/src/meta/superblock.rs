@@ -21,6 +21,16 @@ pub struct Slots {
     pub damage: Option<String>,
 }
 
+impl Slots {
+    /// The slots as read, the damage (if any) said in the log.
+    fn found(sb: Superblock, other: Option<Superblock>, damage: Option<String>) -> Slots {
+        if let Some(d) = &damage {
+            tracing::warn!("{d}");
+        }
+        Slots { sb, other, damage }
+    }
+}
+
 /// Reads both slots; fails only when neither is valid. The slots are
 /// written alternately (slot = generation % 2), so a valid slot of
 /// generation 2 or more means the other was written too: a zero slot beside
@@ -67,14 +77,7 @@ pub fn read_slots(storage: &dyn Storage) -> Result<Slots> {
                     sb.generation
                 )
             });
-            if let Some(d) = &damage {
-                tracing::warn!("{d}");
-            }
-            Ok(Slots {
-                sb,
-                other: Some(other),
-                damage,
-            })
+            Ok(Slots::found(sb, Some(other), damage))
         }
         (Ok(sb), Err(e)) | (Err(e), Ok(sb)) => {
             let bad_slot = 1 - sb.slot() as usize;
@@ -97,14 +100,7 @@ pub fn read_slots(storage: &dyn Storage) -> Result<Slots> {
                     sb.generation
                 ))
             };
-            if let Some(d) = &damage {
-                tracing::warn!("{d}");
-            }
-            Ok(Slots {
-                sb,
-                other: None,
-                damage,
-            })
+            Ok(Slots::found(sb, None, damage))
         }
         (Err(a), Err(b)) => Err(match (a, b) {
             (e @ FormatError::UnsupportedVersion { .. }, _)
