@@ -137,7 +137,7 @@ host_tools() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2 ||
     die "apt-get install ${missing[*]} failed"
 }
-[[ $(id -u) == 0 ]] || die "run as root: debootstrap and the image's root-owned files need it (the host packages: $(for t in $HOST_TOOLS; do printf '%s ' "${t##*:}"; done))"
+[[ $(id -u) == 0 ]] || die "run as root: debootstrap and the image's root-owned files need it (and the host packages: $(for t in $HOST_TOOLS; do echo "${t##*:}"; done | sort -u | paste -sd' '))"
 step "host packages" host_tools
 
 # --- the Debian mirror -------------------------------------------------------

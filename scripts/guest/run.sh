@@ -54,7 +54,7 @@ OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT/status" "$OUT/console.log" "$OUT/test.log" "$OUT/dmesg.log"
 
 t0=$SECONDS
-"$HERE/build.sh" || die "the guest could not be built (above)"
+"$HERE/build.sh" --check >/dev/null 2>&1 || "$HERE/build.sh" || die "the guest could not be built (above)"
 t_build=$((SECONDS - t0))
 
 # The binary must find its libraries in the guest's root (it runs there as it is).
