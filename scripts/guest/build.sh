@@ -25,7 +25,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CACHE=${SQUEEZE_GUEST_CACHE:-$HOME/.cache/squeeze-guest}
+CACHE=${SQUEEZE_GUEST_CACHE:-${HOME:-/root}/.cache/squeeze-guest}
 SUITE=bookworm
 ARCH=amd64
 # Packages of the root, beyond minbase. squeeze's release binary links glibc,

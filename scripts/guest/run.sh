@@ -24,7 +24,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CACHE=${SQUEEZE_GUEST_CACHE:-$HOME/.cache/squeeze-guest}
+CACHE=${SQUEEZE_GUEST_CACHE:-${HOME:-/root}/.cache/squeeze-guest}
 TIMEOUT=${SQUEEZE_GUEST_TIMEOUT:-900}
 CPUS=${SQUEEZE_GUEST_CPUS:-2}
 MEM=${SQUEEZE_GUEST_MEM:-2G}

@@ -15,7 +15,7 @@
 # Environment: SQUEEZE_BIN (the binary; run.sh sets it), GUEST_OUT (where logs
 # go), SQUEEZE_TEST_COPY (the directories copied onto the device; default
 # /usr/bin /usr/sbin /usr/share: 110 MiB in 4,000 files, which keeps the run
-# near 3 minutes under TCG; all of /usr, 425 MiB in 10,561 files, takes 4 to 7),
+# at 1.5 to 3 minutes under TCG; all of /usr, 425 MiB in 10,561 files, 4 to 7),
 # SQUEEZE_TEST_SIZE (volume size, default 8G), SQUEEZE_TEST_FIO_SIZE (64M).
 # shellcheck disable=SC2317 # functions called through check
 set -u
