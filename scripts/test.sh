@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one entry point for every check (STYLE habit 12): formatting, lints
 # with warnings denied, the whole test suite (unit, engine simulator, CLI,
-# real NBD clients), and the fuzz smoke when cargo-fuzz is available.
+# real NBD clients), the tests in the qemu test guest (scripts/guest/), and
+# the fuzz smoke when cargo-fuzz is available.
 #
 #   bash scripts/test.sh            # what CI runs
 #   SQUEEZE_SIM_SEEDS=20000 bash scripts/test.sh   # a longer crash simulation
@@ -27,6 +28,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test (SQUEEZE_SIM_SEEDS=${SQUEEZE_SIM_SEEDS:=2000} crash-simulation seeds)"
 export SQUEEZE_SIM_SEEDS
 cargo test --workspace --no-fail-fast
+
+step "guest tests (tests/guest/*.sh: the kernel's NBD client on squeeze, in a qemu guest)"
+bash scripts/guest/test.sh
 
 if [[ -x fuzz/smoke.sh ]]; then
   step "fuzz smoke"
