@@ -335,6 +335,11 @@ impl Inner {
         // docs/ARCHITECTURE.md, "Flush, pipelined").
         let mut synced = self.sync_lock.lock();
         if synced.ticket >= target {
+            // An earlier group's fdatasync covered this flush: its mark may
+            // still be being written (after that group let the lock go).
+            // Wait for it, so no flush returns before a mark covers it.
+            drop(synced);
+            drop(self.mark_lock.lock());
             return Ok(());
         }
         // A failed fdatasync before this one may have dropped written pages,
@@ -353,7 +358,9 @@ impl Inner {
         }
         synced.ticket = upto;
         let mark = flush_marks::next(&self.uuid, &mut synced, upto_seq);
-        // The next group's fdatasync need not wait for this mark's write.
+        // The next group's fdatasync need not wait for this mark's write;
+        // flushes this fdatasync covered wait for it on `mark_lock`.
+        let _marking = self.mark_lock.lock();
         drop(synced);
         if let Some(m) = mark {
             if let Err(e) = flush_marks::write(&*self.storage, &m) {

@@ -240,6 +240,10 @@ pub(crate) struct Inner {
     /// A flush's second stage (fdatasync and flush mark), one at a time:
     /// what is durable, and the marks written.
     pub sync_lock: Mutex<crate::meta::flush_marks::Synced>,
+    /// Held while a flush writes its mark, taken before that flush lets
+    /// `sync_lock` go: a flush whose records an earlier fdatasync made
+    /// durable waits on it, so it never returns before a mark covers it.
+    pub mark_lock: Mutex<()>,
     /// One checkpoint at a time; every other superblock write (policy,
     /// size, cap, the in-use mark) takes it too, so that the superblock
     /// naming a new piece is the generation the piece was written with.

@@ -463,6 +463,7 @@ impl Volume {
             engine,
             written_seq: Mutex::new((log.next_seq, log.head_offset)),
             sync_lock: Mutex::new(Synced::new(log.next_seq, mark)),
+            mark_lock: Mutex::new(()),
             log: Mutex::new(log),
             state: RwLock::new(state),
             ranges: RangeLocks::default(),
