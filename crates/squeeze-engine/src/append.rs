@@ -339,7 +339,7 @@ impl Inner {
             // still be being written (after that group let the lock go).
             // Wait for it, so no flush returns before a mark covers it.
             drop(synced);
-            drop(self.mark_lock.lock());
+            self.wait_for_marks();
             return Ok(());
         }
         // A failed fdatasync before this one may have dropped written pages,
@@ -359,18 +359,38 @@ impl Inner {
         synced.ticket = upto;
         let mark = flush_marks::next(&self.uuid, &mut synced, upto_seq);
         // The next group's fdatasync need not wait for this mark's write;
-        // flushes this fdatasync covered wait for it on `mark_lock`.
-        let _marking = self.mark_lock.lock();
+        // flushes this fdatasync covered wait for it (`marks_in_flight`).
+        let Some(m) = mark else {
+            // An earlier mark claims as much; it may still be in flight.
+            drop(synced);
+            self.wait_for_marks();
+            self.counters.add(Counter::Flushes, 1);
+            return Ok(());
+        };
+        *self.marks_in_flight.0.lock() += 1;
         drop(synced);
-        if let Some(m) = mark {
-            if let Err(e) = flush_marks::write(&*self.storage, &m) {
-                let e = EngineError::Io(e);
-                self.poison(&e);
-                return Err(e);
-            }
+        let written = flush_marks::write(&*self.storage, &m);
+        {
+            let (n, cv) = &self.marks_in_flight;
+            *n.lock() -= 1;
+            cv.notify_all();
+        }
+        if let Err(e) = written {
+            let e = EngineError::Io(e);
+            self.poison(&e);
+            return Err(e);
         }
         self.counters.add(Counter::Flushes, 1);
         Ok(())
+    }
+
+    /// Waits until no flush mark is being written (`marks_in_flight`).
+    fn wait_for_marks(&self) {
+        let (n, cv) = &self.marks_in_flight;
+        let mut n = n.lock();
+        while *n > 0 {
+            cv.wait(&mut n);
+        }
     }
 
     /// Reserves log space for records of the given lengths: assigns each a

@@ -240,10 +240,12 @@ pub(crate) struct Inner {
     /// A flush's second stage (fdatasync and flush mark), one at a time:
     /// what is durable, and the marks written.
     pub sync_lock: Mutex<crate::meta::flush_marks::Synced>,
-    /// Held while a flush writes its mark, taken before that flush lets
-    /// `sync_lock` go: a flush whose records an earlier fdatasync made
-    /// durable waits on it, so it never returns before a mark covers it.
-    pub mark_lock: Mutex<()>,
+    /// Marks being written: counted up before the flush writing one lets
+    /// `sync_lock` go, down once it is written. A flush whose records an
+    /// earlier fdatasync made durable waits until none is in flight, so it
+    /// never returns before a mark covers it (the next group's fdatasync
+    /// and mark do not wait).
+    pub marks_in_flight: (Mutex<u32>, Condvar),
     /// One checkpoint at a time; every other superblock write (policy,
     /// size, cap, the in-use mark) takes it too, so that the superblock
     /// naming a new piece is the generation the piece was written with.

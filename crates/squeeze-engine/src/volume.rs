@@ -463,7 +463,7 @@ impl Volume {
             engine,
             written_seq: Mutex::new((log.next_seq, log.head_offset)),
             sync_lock: Mutex::new(Synced::new(log.next_seq, mark)),
-            mark_lock: Mutex::new(()),
+            marks_in_flight: (Mutex::new(0), Condvar::new()),
             log: Mutex::new(log),
             state: RwLock::new(state),
             ranges: RangeLocks::default(),
