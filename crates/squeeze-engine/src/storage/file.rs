@@ -79,6 +79,58 @@ impl IoMode {
 pub struct FileStorage {
     file: File,
     direct: Option<Direct<FileDisk>>,
+    /// Starts the writeback of pages `write_through` wrote, off the
+    /// caller's path (spawned at the first such write).
+    writeback: std::sync::OnceLock<Writeback>,
+}
+
+/// A thread that starts the writeback of page-cache ranges
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, which submits the I/O before
+/// it returns: 18 us a call here, too long for a flush to wait on).
+struct Writeback {
+    tx: Option<std::sync::mpsc::Sender<(u64, u64)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writeback {
+    fn start(file: &File) -> io::Result<Writeback> {
+        let file = file.try_clone()?;
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, u64)>();
+        let thread = std::thread::Builder::new()
+            .name("sqz-writeback".into())
+            .spawn(move || {
+                while let Ok((offset, len)) = rx.recv() {
+                    // SAFETY: sync_file_range on an fd we own, with integer
+                    // arguments.
+                    let rc = unsafe {
+                        libc::sync_file_range(
+                            file.as_raw_fd(),
+                            offset as libc::off64_t,
+                            len as libc::off64_t,
+                            libc::SYNC_FILE_RANGE_WRITE,
+                        )
+                    };
+                    // Only a head start: the next fdatasync writes the page
+                    // back either way.
+                    if rc != 0 {
+                        tracing::debug!("sync_file_range: {}", io::Error::last_os_error());
+                    }
+                }
+            })?;
+        Ok(Writeback {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Writeback {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// The file as the write-behind pool sees it: reads through the page
@@ -263,7 +315,11 @@ impl FileStorage {
     pub fn open_opts(path: &Path, o: FileOptions) -> io::Result<FileStorage> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let direct = Self::open_direct(path, &file, o)?;
-        let s = FileStorage { file, direct };
+        let s = FileStorage {
+            file,
+            direct,
+            writeback: Default::default(),
+        };
         s.lock(libc::LOCK_EX)?;
         Ok(s)
     }
@@ -352,7 +408,11 @@ impl FileStorage {
     /// Opens an existing file read-only (for `check`, `info`, `stats`).
     pub fn open_read_only(path: &Path) -> io::Result<FileStorage> {
         let file = OpenOptions::new().read(true).open(path)?;
-        Ok(FileStorage { file, direct: None })
+        Ok(FileStorage {
+            file,
+            direct: None,
+            writeback: Default::default(),
+        })
     }
 
     /// Creates a new file; fails if it exists.
@@ -379,7 +439,11 @@ impl FileStorage {
             .create_new(true)
             .open(path)?;
         let direct = Self::open_direct(path, &file, o)?;
-        let s = FileStorage { file, direct };
+        let s = FileStorage {
+            file,
+            direct,
+            writeback: Default::default(),
+        };
         s.lock(libc::LOCK_EX)?;
         Ok(s)
     }
@@ -433,28 +497,25 @@ impl Storage for FileStorage {
 
     /// Through the page cache whatever the mode (the write-behind pool
     /// never stages these pages, so no staged chunk writes older bytes over
-    /// them), then the page's writeback is started at once
-    /// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`, which does not wait): by
-    /// the next fdatasync the page is usually clean, so that fdatasync does
-    /// not wait for a second device write (a flush mark after each flush
-    /// cost pg_test_fsync through the FUSE export 186 -> 228 us without it).
+    /// them); then a thread starts the page's writeback at once
+    /// (`Writeback`), so that by the next fdatasync the page is usually
+    /// clean and that fdatasync does not wait for a second device write (a
+    /// flush mark after each flush cost pg_test_fsync through the FUSE
+    /// export 186 -> 225 us without it), while the writer does not wait
+    /// for the submission either.
     fn write_through(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.file.write_all_at(data, offset)?;
-        // SAFETY: sync_file_range on an fd we own, with integer arguments.
-        let rc = unsafe {
-            libc::sync_file_range(
-                self.file.as_raw_fd(),
-                offset as libc::off64_t,
-                data.len() as libc::off64_t,
-                libc::SYNC_FILE_RANGE_WRITE,
-            )
+        let wb = match self.writeback.get() {
+            Some(wb) => wb,
+            None => {
+                let wb = Writeback::start(&self.file)?;
+                let _ = self.writeback.set(wb);
+                self.writeback.get().expect("set above")
+            }
         };
-        // Only a hint: the next fdatasync writes the page back either way.
-        if rc != 0 {
-            tracing::debug!(
-                "sync_file_range: {} (the next fdatasync writes the page)",
-                io::Error::last_os_error()
-            );
+        if let Some(tx) = &wb.tx {
+            // A thread that is gone only loses the head start.
+            let _ = tx.send((offset, data.len() as u64));
         }
         Ok(())
     }
