@@ -6,8 +6,9 @@
 //! its seq was flushed, so its absence is damage, never a torn tail.
 //!
 //! Cost on the flush path: one pwrite of 72 bytes into the page cache per
-//! flush that made new records durable; the page goes to the device with
-//! the next fdatasync (docs/benchmarks.md, "Flush marks").
+//! flush that made new records durable; the storage's writeback thread
+//! then sends the page to the device, ahead of the next fdatasync
+//! (docs/benchmarks.md, "Flush path").
 
 use crate::storage::Storage;
 use squeeze_format::flush_mark::{FlushMark, FLUSH_MARK_LEN};
