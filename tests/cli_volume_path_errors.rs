@@ -97,6 +97,25 @@ fn until_locked(args: &[&str], want: &str) -> String {
     }
 }
 
+/// Waits up to 60 s until process `pid` holds an flock (any file).
+fn holds_flock(pid: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+        if locks
+            .lines()
+            .any(|l| l.contains("FLOCK") && l.split_whitespace().nth(4) == Some(&pid.to_string()))
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} never took its lock:\n{locks}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A volume another process holds: the message names that process (pid
 /// and command line) whatever it is, a server, another squeeze command or
 /// any program, instead of guessing a running `squeeze serve`; nothing is
@@ -136,6 +155,10 @@ fn a_volume_in_use_names_the_process_that_holds_it() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    // Wait until the load holds its lock, by /proc/locks: probing with a
+    // squeeze command instead raced the load for the lock on a busy
+    // machine (the probe won, the load failed to open, nothing held it).
+    holds_flock(load.id());
     let e = until_locked(&["compact", v], "in use by");
     let _ = load.kill();
     let _ = load.wait();
