@@ -3,6 +3,7 @@
 //! module:
 //!
 //! - `volume`: the public API and the lifecycle (create, open, close)
+//! - `options`: how a volume is created and opened
 //! - `read`: the read path
 //! - `write`: the write path (read-modify-write, batches, zero ranges)
 //! - `pipeline`: split -> policy -> compress
@@ -30,6 +31,7 @@ pub mod locks;
 pub(crate) mod maintenance;
 pub mod map;
 pub(crate) mod meta;
+pub mod options;
 pub mod pipeline;
 pub(crate) mod read;
 pub mod space;

@@ -17,6 +17,9 @@
 //!   flush waits for every ticket issued before it, then syncs.
 //! - After any failed write or sync, the volume turns read-only until
 //!   reopened (it cannot know what reached the medium).
+//!
+//! Over 800 lines: the one public type, each method a short hand-off to
+//! its stage; how a volume is created and opened lives in `options`.
 
 use crate::append::segment_header;
 use crate::counters::Counter;
@@ -41,133 +44,20 @@ use crate::storage::Storage;
 use parking_lot::{Condvar, Mutex, RwLock};
 use squeeze_codec::CompressEngine;
 use squeeze_format::{
-    CheckpointRef, CodecId, CompressionMode, FlushMark, Policy, Superblock, DATA_START,
-    FORMAT_VERSION, RECORD_HEADER_SIZE, SECTOR_SIZE, SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
+    CheckpointRef, FlushMark, Policy, Superblock, DATA_START, FORMAT_VERSION, RECORD_HEADER_SIZE,
+    SECTOR_SIZE, SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
 };
 use std::sync::Arc;
+
+use crate::options::map_cache_of;
+pub use crate::options::{
+    default_policy, CreateOptions, OpenOptions, MAP_CACHE_DEFAULT, MAP_CACHE_MIN,
+};
 
 const SECTOR: u64 = SECTOR_SIZE as u64;
 /// The sequence-number gap left after a recovery, so that records written
 /// before a crash but never replayed can never be mistaken for new ones.
 pub const SEQ_JUMP_AFTER_RECOVERY: u64 = 1 << 32;
-
-/// Parameters of a new volume.
-#[derive(Clone, Debug)]
-pub struct CreateOptions {
-    pub logical_size: u64,
-    pub segment_size: u64,
-    /// Cap on the backing store's allocated bytes (0 = none).
-    pub max_physical: u64,
-    pub policy: Policy,
-}
-
-impl CreateOptions {
-    pub fn new(logical_size: u64) -> CreateOptions {
-        CreateOptions {
-            logical_size,
-            segment_size: 32 << 20,
-            max_physical: 0,
-            policy: default_policy(),
-        }
-    }
-}
-
-/// The default policy: zstd level 3 (zstd's, qemu's and Ceph's default
-/// level), aggressive, BlueStore's 0.875 required ratio, blobs of 4 to 128
-/// KiB. Measured here over NBD in one harness run (docs/benchmarks-history.md): on
-/// the benchmark tar of real files it stores 2.70:1 where qemu's compressed
-/// qcow2 (zstd, 64 KiB clusters) stores 2.67:1 and zstd:1 with 64 KiB blobs
-/// 2.57:1; on fio's data zstd:3 costs zstd:1's time (both ~850 MB/s per
-/// core), on real files a third more CPU; 128 KiB blobs cost 4 KiB random
-/// reads a quarter of their IOPS (66.5k -> 49.3k, raw qemu-nbd ~45k).
-pub fn default_policy() -> Policy {
-    Policy {
-        codec: CodecId::Zstd,
-        level: 3,
-        mode: CompressionMode::Aggressive,
-        required_ratio_ppm: 875_000,
-        min_blob: 4096,
-        max_blob: 128 << 10,
-        recompress_codec: CodecId::None,
-        recompress_level: 0,
-    }
-}
-
-/// How to open a volume.
-#[derive(Clone, Default)]
-pub struct OpenOptions {
-    /// Open without writing anything (recovery happens in memory only).
-    pub read_only: bool,
-    /// Compression engine; default a CPU pool with one thread per core
-    /// (`squeeze_codec::isal::default_engine`: ISA-L runs deflate:1..=3
-    /// when present).
-    pub engine: Option<Arc<dyn CompressEngine>>,
-    /// Run the background maintenance thread (periodic checkpoints).
-    pub background: bool,
-    /// Open a volume that lost flushed data (`EngineError::Damaged`:
-    /// records a flush mark covers are missing, or the file was cut
-    /// short), keeping what survives: its lost sectors read back as they
-    /// were before the lost records (or as a later record wrote them).
-    /// Opened writable, the loss becomes permanent with the checkpoint
-    /// recovery writes, and `Counter::LostFlushedRecords` counts it.
-    pub accept_loss: bool,
-    /// With `background`: do not merge fragmented windows while clients
-    /// are idle (the cleaner still runs; [`Volume::merge`] still works).
-    pub no_idle_merge: bool,
-    /// Before a client flush that follows less than 64 KiB of log, write
-    /// zeros over the next 512 KiB past the log head, once
-    /// ([`crate::space::prewrite`]): commits then overwrite written blocks
-    /// instead of converting the file system's unwritten extents at every
-    /// fdatasync (fsync latency 269 -> 186 us here), at the price of
-    /// writing the log bytes of such a workload twice. Off by default: on
-    /// fsx + fsstress under ext4 it added 18% device writes.
-    pub prewrite: bool,
-    /// Always compress client writes with the policy's algorithm, even when
-    /// the compression engine falls behind. By default (false) a write
-    /// batch may take a faster rung of the ladder under it
-    /// (`pipeline::adapt`), which the maintenance thread upgrades while
-    /// clients are idle: clients do not wait on compression they could
-    /// skip, and the volume converges to the target's ratio.
-    pub no_adapt: bool,
-    /// The adaptive codec's control law; None: `pipeline::adapt::LAW_DEFAULT`.
-    pub adapt_law: Option<crate::pipeline::adapt::Law>,
-    /// Also step down the ladder while the machine's cores are busy
-    /// (`pipeline::headroom`: `squeeze serve` passes /proc/stat's reader),
-    /// under `pipeline::adapt::HEADROOM_LAW`. None: the engine's backlog
-    /// alone decides, as for an embedded volume by default.
-    pub adapt_cpu: Option<Arc<dyn crate::pipeline::headroom::BusySource>>,
-    /// Deferred compression (`pipeline::adapt::AdaptConfig::defer`): client
-    /// writes always take the ladder's fastest rung (lz4 under a zstd
-    /// target), counted below target; the maintenance thread's idle upgrade
-    /// and [`Volume::compact`] rewrite them with the target. For a store
-    /// whose clients run in its own process (squeeze-kv's own volume);
-    /// ignored with `no_adapt`.
-    pub adapt_defer: bool,
-    /// When the cleaner works; None: the default garbage budget
-    /// (`space::cleaner::GcPolicy`).
-    pub gc: Option<crate::space::cleaner::GcPolicy>,
-    /// Bytes of RAM the sector map may use before chunks that did not
-    /// change since the last checkpoint page out to the checkpoint chain
-    /// (`meta::pager`); None: [`MAP_CACHE_DEFAULT`]. The map pages out as
-    /// it loads at open too. Chunks changed since the last checkpoint stay
-    /// in memory whatever the cache; the maintenance thread writes a
-    /// checkpoint early when they hold the map over its cache. Any size is
-    /// taken (0 pages out every chunk that can go: tests); the command line
-    /// asks for at least [`MAP_CACHE_MIN`].
-    pub map_cache: Option<u64>,
-}
-
-/// The map cache `open` asks for.
-fn map_cache_of(open: &OpenOptions) -> u64 {
-    open.map_cache.unwrap_or(MAP_CACHE_DEFAULT)
-}
-
-/// The map's cache by default: 128 MiB holds the map of about 16 TiB
-/// written in 64 KiB blobs, or of 16 GiB of scattered 4 KiB writes.
-pub const MAP_CACHE_DEFAULT: u64 = 128 << 20;
-/// The smallest map cache `squeeze serve --map-cache` takes (below it,
-/// most lookups would read the map back).
-pub const MAP_CACHE_MIN: u64 = 64 << 10;
 
 /// A squeeze volume. Safe for many concurrent callers.
 pub struct Volume {
