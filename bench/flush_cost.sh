@@ -9,7 +9,10 @@
 #   2. `squeeze wal bench --sizes 128 --threads 1,8`: the engine's own
 #      commits of 128 B (write + flush), no FUSE, dense and sparse layouts;
 #   3. pg_test_fsync on the plain file system under the volumes: one
-#      fdatasync of this disk, the yardstick ("small against one fdatasync").
+#      fdatasync of this disk, the yardstick ("small against one fdatasync");
+#   4. bench/fdatasync_pages.py on the same file system: what a second page
+#      (a mark) costs one fdatasync, written as squeeze writes it and the
+#      other ways it could be: the floor under the marks' cost.
 #
 # Usage: sudo BEFORE=path/to/squeeze AFTER=path/to/squeeze bench/flush_cost.sh
 # Env:   AFTER (default: BIN, else the release build of this checkout),
@@ -98,6 +101,12 @@ for rep in $(seq "$REPS"); do
   us=$("$PG_TEST_FSYNC" -s "$SECS" -f "$DIR/plain_probe" | fdatasync_us)
   result plain_pg_test_fsync host fdatasync_usecs_per_op "$us"
   rm -f "$DIR/plain_probe"
+  python3 "$(dirname "$0")/fdatasync_pages.py" --dir "$DIR" --rounds 1 | python3 -c '
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    print(json.dumps({"bench": "flush_cost", "case": "pages_" + r["case"], "build": "host",
+                      "metric": "p50_us", "value": r["p50_us"]}))' | sq_result -
 done
 
 python3 - "$OUT/results.jsonl" <<'EOF' | sq_table -
@@ -112,6 +121,10 @@ print("|---|---|---:|---:|---:|---:|")
 plain = by.get(("plain_pg_test_fsync", "fdatasync_usecs_per_op", "host"))
 plain_s = f"{statistics.median(plain):.0f} us" if plain else "-"
 for c, m in cases:
+    h = by.get((c, m, "host"))
+    if h and c.startswith("pages_"):
+        print(f"| {c} (the disk alone) | {m} | {statistics.median(h):.1f} | | | {plain_s} |")
+        continue
     b, a = by.get((c, m, "before")), by.get((c, m, "after"))
     if not b or not a:
         continue
