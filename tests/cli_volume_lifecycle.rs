@@ -216,6 +216,10 @@ fn bench_reports_the_documented_keys() {
         "raw_compress_mbps",
         "raw_decompress_mbps",
         "ratio",
+        "random_read_iops",
+        "raw_file_random_read_iops",
+        "random_read_vs_raw_file",
+        "cpu_us_per_random_read",
     ] {
         assert!(j[k].as_f64().unwrap() > 0.0, "{k}: {j}");
     }

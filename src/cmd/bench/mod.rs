@@ -20,6 +20,8 @@
 //!    then, after an untimed read of the backing file through the page
 //!    cache, with every record there (read_mbps: the engine against the
 //!    codec, without the device), verified in a separate untimed pass;
+//!    4b. 4 KiB reads at random offsets, the engine against a plain file
+//!    holding the same bytes, both in the page cache (`random_read`);
 //! 5. all-zero writes from one thread.
 //!
 //! Steps 2 and 4 run --reps times (default 3; step 4 on a fresh volume each
@@ -33,6 +35,7 @@
 //! `--overwrite` runs the overwrite workload (`overwrite`) instead.
 
 mod overwrite;
+mod random_read;
 mod report;
 mod throughput;
 

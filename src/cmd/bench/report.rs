@@ -58,6 +58,15 @@ pub(super) struct Report {
     pub(super) raw_cpu_seconds_per_gib_compress: f64,
     pub(super) raw_cpu_utilization_compress: f64,
     pub(super) zero_write_mbps: f64,
+    /// 4 KiB reads at random offsets (`random_read`), everything in the
+    /// page cache: the engine's and a plain file's of the same bytes, the
+    /// engine against the file (the median of each repetition's ratio),
+    /// and process CPU microseconds per read of each.
+    pub(super) random_read_iops: f64,
+    pub(super) raw_file_random_read_iops: f64,
+    pub(super) random_read_vs_raw_file: f64,
+    pub(super) cpu_us_per_random_read: f64,
+    pub(super) raw_file_cpu_us_per_random_read: f64,
     pub(super) map_bytes_per_mapped_sector: f64,
     pub(super) blobs_compressed: u64,
     pub(super) blobs_rejected: u64,
@@ -119,6 +128,14 @@ impl Report {
         outln!(
             "  cold           {:>8.1} MB/s  (the first read, from the device: the log bypasses the page cache)",
             self.cold_read_mbps
+        );
+        outln!(
+            "4K random read   {:>8.0} IOPS  ({:.0}% of a plain file's {:.0}), {:.1} CPU us a read (the file's {:.1})",
+            self.random_read_iops,
+            100.0 * self.random_read_vs_raw_file,
+            self.raw_file_random_read_iops,
+            self.cpu_us_per_random_read,
+            self.raw_file_cpu_us_per_random_read
         );
         outln!(
             "raw compress     {:>8.1} MB/s  CPU {:.0}%, {:.2} CPU s/GiB",

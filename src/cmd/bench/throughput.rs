@@ -3,7 +3,7 @@
 //! `bench`).
 
 use super::report::Report;
-use super::{parallel, Args, REQUEST};
+use super::{parallel, random_read, Args, REQUEST};
 use crate::machine::machine;
 use crate::util::human;
 use anyhow::{bail, Context, Result};
@@ -208,6 +208,16 @@ pub(super) fn run(a: Args) -> Result<ExitCode> {
         std::fs::remove_file(tmp.path().join("warmup.sqz"))?;
         mb / secs
     };
+    // The plain file the 4 KiB random reads are compared with: the same
+    // bytes, in the page cache like the engine's records.
+    let plain_path = tmp.path().join("plain.bin");
+    std::fs::write(&plain_path, &data[..])?;
+    cache_file(&plain_path)?;
+    let plain = std::fs::File::open(&plain_path)?;
+    let rr_offsets =
+        random_read::offsets(random_read::READS.min(data.len() / 4096), data.len() as u64);
+    let (mut rr_e, mut rr_f) = (vec![], vec![]);
+    let (mut rr_e_cpu, mut rr_f_cpu) = (vec![], vec![]);
     let (mut w, mut fl, mut cw, mut r, mut cr) = (vec![], vec![], vec![], vec![], vec![]);
     let mut cold_r = vec![];
     let (mut rc, mut rd, mut rc_cpu) = (vec![], vec![], vec![]);
@@ -246,6 +256,14 @@ pub(super) fn run(a: Args) -> Result<ExitCode> {
         let cpu1 = process_cpu_seconds();
         r.push(read_all()?);
         cr.push(process_cpu_seconds() - cpu1);
+        // 4 KiB random reads, the plain file's pass right before the
+        // engine's (this VM's speed drifts between passes).
+        let f = random_read::file(&plain, threads, &rr_offsets)?;
+        let e = random_read::engine(&vol, &data, threads, &rr_offsets)?;
+        rr_f.push(f.secs);
+        rr_f_cpu.push(f.cpu);
+        rr_e.push(e.secs);
+        rr_e_cpu.push(e.cpu);
         last = Some(vol);
     }
     let vol = last.expect("at least one repetition");
@@ -266,6 +284,12 @@ pub(super) fn run(a: Args) -> Result<ExitCode> {
     let write_vs_raw_reps = per_rep(&rc, &w);
     let write_vs_raw = median_or_zero(&write_vs_raw_reps);
     let read_vs_raw = median_or_zero(&per_rep(&rd, &r));
+    let random_read_vs_raw_file = mid(&rr_f
+        .iter()
+        .zip(&rr_e)
+        .map(|(f, e)| f / e)
+        .collect::<Vec<_>>());
+    let n_rr = rr_offsets.len() as f64;
     let raw_cpu_c = mid(&rc_cpu);
     let st = vol.stats();
     // Untimed verification pass.
@@ -340,6 +364,11 @@ pub(super) fn run(a: Args) -> Result<ExitCode> {
             0.0
         },
         zero_write_mbps: zero_bytes as f64 / 1e6 / z_secs,
+        random_read_iops: n_rr / mid(&rr_e),
+        raw_file_random_read_iops: n_rr / mid(&rr_f),
+        random_read_vs_raw_file,
+        cpu_us_per_random_read: mid(&rr_e_cpu) / n_rr * 1e6,
+        raw_file_cpu_us_per_random_read: mid(&rr_f_cpu) / n_rr * 1e6,
         map_bytes_per_mapped_sector: st.map_bytes_per_mapped_sector,
         blobs_compressed: st.blobs_compressed,
         blobs_rejected: st.blobs_rejected,
