@@ -9,7 +9,7 @@
 //!
 //! A failed write installs nothing and turns the volume read-only; a
 //! failed reservation changes nothing (`NoSpace`: the caller may make room,
-//! `space::cleaner::append_making_room`).
+//! `space::make_room::append_making_room`).
 
 use crate::counters::{Counter, Counters};
 use crate::error::{EngineError, Result};

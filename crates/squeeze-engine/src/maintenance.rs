@@ -26,7 +26,7 @@ pub const RECLAIM_BATCH: u64 = 4;
 /// Fewer free segments than the cleaner's tight limit, in the volume's
 /// segment table or in the file system under it.
 fn short_of_room(inner: &Inner) -> bool {
-    let tight = crate::space::cleaner::TIGHT_SEGMENTS;
+    let tight = crate::space::gc_policy::TIGHT_SEGMENTS;
     inner.log.lock().table.available() < tight
         || matches!(inner.storage.free_bytes(),
             Ok(Some(free)) if free < tight * inner.seg_size)
@@ -57,7 +57,7 @@ struct MergeState {
 impl MergeState {
     /// The cleaner rewrote the live runs of partly live records apart, which
     /// may have fragmented their windows again: the merger sweeps once more.
-    fn cleaned(&mut self, rep: &crate::space::cleaner::CleanReport) {
+    fn cleaned(&mut self, rep: &crate::space::relocate::CleanReport) {
         if rep.partial_records > 0 {
             self.settled = None;
         }
@@ -66,11 +66,11 @@ impl MergeState {
 
 /// One step of work while clients are idle; false when there is none left.
 fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
-    use crate::space::{cleaner, merge};
+    use crate::space::{cleaner, merge, upgrade, victim};
     // Merging turns the records it replaces into garbage: collect it first
     // once there is as much as the busy cleaner would start at.
-    let (dead, total) = cleaner::collectable(inner);
-    if total > 0 && dead as f64 > cleaner::budget(inner, total) * total as f64 {
+    let (dead, total) = victim::collectable(inner);
+    if total > 0 && dead as f64 > victim::budget(inner, total) * total as f64 {
         match cleaner::background_pass(inner) {
             Ok(Some(rep)) => {
                 ms.cleaned(&rep);
@@ -104,7 +104,7 @@ fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
         return true;
     }
     // Bytes written below the target under load: rewritten with it now.
-    match cleaner::upgrade_pass(inner) {
+    match upgrade::upgrade_pass(inner) {
         Ok(Some(_)) => return true,
         Ok(None) => {}
         Err(e) => tracing::info!("upgrade stopped: {e}"),

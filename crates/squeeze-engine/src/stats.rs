@@ -292,11 +292,8 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         write_algorithm,
         write_algorithm_why,
         cpu_busy,
-        garbage_bytes: crate::space::cleaner::garbage(inner).0,
-        garbage_budget: crate::space::cleaner::budget(
-            inner,
-            crate::space::cleaner::garbage(inner).1,
-        ),
+        garbage_bytes: crate::space::victim::garbage(inner).0,
+        garbage_budget: crate::space::victim::budget(inner, crate::space::victim::garbage(inner).1),
         segment_size: inner.seg_size,
         map_memory_bytes: map_mem,
         map_bytes_per_mapped_sector: if mapped == 0 {

@@ -33,12 +33,13 @@ use crate::meta::{checkpoint, recovery, superblock as sbio};
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Zeros;
 use crate::space::ahead::ALLOC_STEP;
-use crate::space::cleaner::CleanReport;
 use crate::space::merge::MergeReport;
+use crate::space::relocate::CleanReport;
 use crate::space::{SegState, SegmentId, SegmentTable, Usage};
-use crate::state::{
-    max_segments, segment_of, CheckpointHistory, Inner, LogState, MapState, OpenReport,
-};
+use crate::state::history::{CheckpointHistory, OpenReport};
+use crate::state::log_state::{max_segments, segment_of, LogState};
+use crate::state::map_state::MapState;
+use crate::state::Inner;
 use crate::stats::{Space, VolumeStats};
 use crate::storage::Storage;
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -670,7 +671,7 @@ impl Volume {
     /// segment. None when no segment is known to hold such bytes.
     pub fn upgrade_pass(&self) -> Result<Option<CleanReport>> {
         self.inner.writable()?;
-        crate::space::cleaner::upgrade_pass(&self.inner)
+        crate::space::upgrade::upgrade_pass(&self.inner)
     }
 
     /// Rewrites every fragmented window (scattered small records) as whole
@@ -688,7 +689,7 @@ impl Volume {
     /// then checkpoints so the victims are freed and punched out. `progress(done, total)` victims.
     pub fn compact(&self, progress: impl FnMut(u64, u64)) -> Result<CleanReport> {
         self.inner.writable()?;
-        crate::space::cleaner::compact(&self.inner, progress)
+        crate::space::upgrade::compact(&self.inner, progress)
     }
 
     /// Writes a checkpoint now (frees segments whose data is all dead).

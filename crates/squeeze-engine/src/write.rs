@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::pipeline::compress::{encode, Item};
 use crate::pipeline::policy::Hint;
 use crate::pipeline::split::{split, Piece, Zeros};
-use crate::space::cleaner::append_making_room;
+use crate::space::make_room::append_making_room;
 use crate::state::Inner;
 use squeeze_format::SECTOR_SIZE;
 use std::sync::Arc;

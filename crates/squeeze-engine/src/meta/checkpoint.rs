@@ -36,7 +36,9 @@ use crate::error::{EngineError, Result};
 use crate::meta::superblock as sbio;
 use crate::space::Usage;
 use crate::space::{SegState, SegmentId};
-use crate::state::{Inner, LogState, MapState};
+use crate::state::log_state::LogState;
+use crate::state::map_state::MapState;
+use crate::state::Inner;
 use squeeze_format::checkpoint::SegmentNote;
 use squeeze_format::checkpoint::{piece_len, runs_offset};
 use squeeze_format::superblock::CHAIN_VERSION;
@@ -117,7 +119,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
 /// [`REBASE_FACTOR`] bases of them wait for the next rebase); a base now,
 /// and any checkpoint after it, leave one piece of the map as it is.
 pub fn write_base_if_room(inner: &Inner) -> Result<()> {
-    let needed = segments_needed(inner, 0) + crate::space::cleaner::TIGHT_SEGMENTS;
+    let needed = segments_needed(inner, 0) + crate::space::gc_policy::TIGHT_SEGMENTS;
     let room = inner.log.lock().table.available() >= needed;
     write_piece(inner, false, room)
 }

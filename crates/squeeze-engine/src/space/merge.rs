@@ -41,7 +41,7 @@ use crate::error::{EngineError, Result};
 use crate::pipeline::compress::encode;
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Piece;
-use crate::space::cleaner::append_making_room;
+use crate::space::make_room::append_making_room;
 use crate::state::Inner;
 use squeeze_format::{CodecId, CompressionMode, MapEntry, SECTOR_SIZE};
 
