@@ -42,6 +42,7 @@ use crate::state::map_state::MapState;
 use crate::state::Inner;
 use crate::stats::{Space, VolumeStats};
 use crate::storage::Storage;
+use crate::{read, write};
 use parking_lot::{Condvar, Mutex, RwLock};
 use squeeze_codec::CompressEngine;
 use squeeze_format::{
@@ -586,14 +587,14 @@ impl Volume {
 
     /// Reads `buf.len()` bytes at byte `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.inner.read(offset, buf).map(|_| ())
+        read::read(&self.inner, offset, buf).map(|_| ())
     }
 
     /// [`Volume::read`], also telling whether the whole range is a hole
     /// (unmapped: never written, trimmed or zeroed), from the one map walk
     /// the read makes.
     pub fn read_or_hole(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
-        self.inner.read(offset, buf)
+        read::read(&self.inner, offset, buf)
     }
 
     /// Writes `data` at byte `offset`; with `fua`, durable on return.
@@ -604,8 +605,7 @@ impl Volume {
     /// Writes with a compressibility hint (the embedding API's way to
     /// drive passive and aggressive modes).
     pub fn write_hinted(&self, offset: u64, data: &[u8], fua: bool, hint: Hint) -> Result<()> {
-        self.inner
-            .write_from(offset, data, None, fua, hint, Zeros::Hole)
+        write::write_from(&self.inner, offset, data, None, fua, hint, Zeros::Hole)
     }
 
     /// Writes the bytes `range` of a shared buffer at byte `offset`, as
@@ -625,7 +625,8 @@ impl Volume {
                 data.len()
             )));
         };
-        self.inner.write_from(
+        write::write_from(
+            &self.inner,
             offset,
             buf,
             Some((data, range.start)),
@@ -638,24 +639,24 @@ impl Volume {
     /// Trims `[offset, offset+len)`: whole sectors inside it are unmapped
     /// (read as zeros, take no space); partial sectors are zeroed in place.
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.inner.zero_range(offset, len, fua)
+        write::zero_range(&self.inner, offset, len, fua)
     }
 
     /// Writes zeros over `[offset, offset+len)`; whole sectors become holes.
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.inner.zero_range(offset, len, fua)
+        write::zero_range(&self.inner, offset, len, fua)
     }
 
     /// Writes zeros over `[offset, offset+len)` that stay provisioned: stored
     /// as (compressed) data rather than holes, so [`Volume::block_status`]
     /// reports the range allocated (NBD's WRITE_ZEROES with NO_HOLE).
     pub fn write_zeroes_no_hole(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.inner.provision_zeroes(offset, len, fua)
+        write::provision_zeroes(&self.inner, offset, len, fua)
     }
 
     /// Makes every write acknowledged before this call durable.
     pub fn flush(&self) -> Result<()> {
-        self.inner.client_flush()
+        write::client_flush(&self.inner)
     }
 
     /// Runs one bounded cleaner pass (at most one victim segment) if there
@@ -701,7 +702,7 @@ impl Volume {
     /// Allocation status of `[offset, offset+len)`: runs of (length, hole).
     /// Zero sectors are holes. Stops after `max_runs` runs.
     pub fn block_status(&self, offset: u64, len: u64, max_runs: usize) -> Result<Vec<(u64, bool)>> {
-        self.inner.block_status(offset, len, max_runs)
+        read::block_status(&self.inner, offset, len, max_runs)
     }
 
     /// A point-in-time view of the counters and space.

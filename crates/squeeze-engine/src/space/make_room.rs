@@ -6,7 +6,7 @@
 //! before answering ENOSPC. Above the cleaner's parts and the checkpoint,
 //! which it drives.
 
-use crate::append::Room;
+use crate::append::{self, Room};
 use crate::counters::Counter;
 use crate::error::{EngineError, Result};
 use crate::meta::checkpoint;
@@ -26,10 +26,10 @@ pub(crate) fn append_making_room(
     room: Room,
 ) -> Result<()> {
     debug_assert!(room != Room::Cleaner);
-    match inner.append(items, buf, room) {
+    match append::append(inner, items, buf, room) {
         Err(EngineError::NoSpace(_)) => {
             make_room(inner)?;
-            inner.append(items, buf, room)
+            append::append(inner, items, buf, room)
         }
         r => r,
     }

@@ -41,6 +41,7 @@ use crate::error::{EngineError, Result};
 use crate::pipeline::compress::encode;
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Piece;
+use crate::read;
 use crate::space::make_room::append_making_room;
 use crate::state::Inner;
 use squeeze_format::{CodecId, CompressionMode, MapEntry, SECTOR_SIZE};
@@ -200,7 +201,12 @@ fn merge_span(
             .map(|lane| {
                 sc.spawn(move || {
                     lane.into_iter()
-                        .map(|(k, out)| (k, inner.read_sectors(span_start + (k * w) as u64, out)))
+                        .map(|(k, out)| {
+                            (
+                                k,
+                                read::read_sectors(inner, span_start + (k * w) as u64, out),
+                            )
+                        })
                         .collect::<Vec<_>>()
                 })
             })

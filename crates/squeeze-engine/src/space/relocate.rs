@@ -17,7 +17,7 @@
 //! that no longer needs it. A crash mid-rewrite loses nothing and at most
 //! leaves the segment for the next pass.
 
-use crate::append::Room;
+use crate::append::{self, Room};
 use crate::counters::Counter;
 use crate::error::Result;
 use crate::pipeline::compress::{encode, Item, Payload};
@@ -417,7 +417,7 @@ fn flush_items(
     }
     rep.bytes_written += items
         .iter()
-        .map(|it| inner.record_len(it, &[]))
+        .map(|it| append::record_len(inner, it, &[]))
         .sum::<u64>();
     // The upgrade makes room as client data does: it never eats the
     // cleaner's reserve (it stops on NoSpace; the cleaner frees room).
@@ -425,7 +425,7 @@ fn flush_items(
         Rewrite::Clean => Room::Cleaner,
         Rewrite::Upgrade { .. } => Room::Merge,
     };
-    inner.append(items, &[], room)?;
+    append::append(inner, items, &[], room)?;
     items.clear();
     Ok(())
 }
