@@ -13,6 +13,7 @@
 
 use crate::counters::{Counter, Counters};
 use crate::error::{EngineError, Result};
+use crate::meta::pager;
 use crate::meta::{checkpoint, flush_marks};
 use crate::pipeline::compress::{Item, Outcome};
 use crate::space::ahead::ALLOC_STEP;
@@ -157,7 +158,8 @@ pub(crate) fn append(inner: &Inner, items: &[Item], buf: &[u8], room: Room) -> R
             // A chunk paged out is paged in here, under the lock; if
             // that fails the volume has turned read-only, and replay
             // installs the records written.
-            if let Err(e) = inner.with_map_mut(&mut st, |st| st.apply(&h, p.offset, inner.seg_size))
+            if let Err(e) =
+                pager::with_map_mut(inner, &mut st, |st| st.apply(&h, p.offset, inner.seg_size))
             {
                 installed = Err(e);
                 break;

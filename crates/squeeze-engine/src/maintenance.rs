@@ -8,6 +8,7 @@
 
 use crate::counters::Counter;
 use crate::meta::checkpoint;
+use crate::meta::pager;
 use crate::state::Inner;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -174,7 +175,7 @@ pub(crate) fn maintenance_loop(inner: &Arc<Inner>) {
         // Chunks changed since the last checkpoint cannot page out: when
         // they hold the map over its cache, a checkpoint comes early.
         let due = since >= CHECKPOINT_LOG_BYTES
-            || (since >= PRESSURE_LOG_BYTES && inner.map_over_cache());
+            || (since >= PRESSURE_LOG_BYTES && pager::map_over_cache(inner));
         // Dead segments are freed by a checkpoint: while clients write, one
         // for every RECLAIM_BATCH of them (each checkpoint is a delta, a
         // superblock and a sync); at once when idle or short of segments or

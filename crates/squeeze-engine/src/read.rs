@@ -4,6 +4,7 @@
 
 use crate::counters::Counter;
 use crate::error::{EngineError, Result};
+use crate::meta::pager;
 use crate::state::Inner;
 use squeeze_format::{CodecId, MapEntry, RecordHeader, RECORD_ALIGN, SECTOR_SIZE};
 
@@ -139,7 +140,7 @@ fn read_sectors_mapped(inner: &Inner, lba: u64, out: &mut [u8]) -> Result<bool> 
     let n = out.len() / SECTOR_SIZE;
     let _gate = inner.gate.read();
     let mut entries = vec![MapEntry::UNMAPPED; n];
-    inner.with_map(|st| st.map.get_range(lba, &mut entries))?;
+    pager::with_map(inner, |st| st.map.get_range(lba, &mut entries))?;
     if entries.iter().all(|e| !e.is_mapped()) {
         out.fill(0);
         return Ok(true);
@@ -237,7 +238,7 @@ pub(crate) fn block_status(
         let lba = at / SECTOR;
         // Each step looks at the map afresh: a paged-out chunk is paged
         // in and the step taken again.
-        let (mapped, next) = inner.with_map(|st| {
+        let (mapped, next) = pager::with_map(inner, |st| {
             let mapped = st.map.get(lba)?.is_mapped();
             let next = if mapped {
                 let mut l = lba + 1;

@@ -5,6 +5,7 @@
 use crate::append::Room;
 use crate::counters::{Counter, Counters};
 use crate::meta::checkpoint;
+use crate::meta::pager;
 use crate::state::Inner;
 use squeeze_format::{CodecId, DATA_START, SECTOR_SIZE};
 
@@ -301,7 +302,7 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         } else {
             map_mem as f64 / mapped as f64
         },
-        map_cache_bytes: inner.map_cache(),
+        map_cache_bytes: pager::map_cache(inner),
         map_chunks: chunks,
         map_paged_chunks: paged,
         map_faults: c.get(Counter::MapFaults),

@@ -29,7 +29,7 @@ use crate::error::{EngineError, Result};
 use crate::locks::{RangeLocks, Tickets};
 use crate::map::SectorMap;
 use crate::meta::flush_marks::{self, Synced};
-use crate::meta::{checkpoint, recovery, superblock as sbio};
+use crate::meta::{checkpoint, pager, recovery, superblock as sbio};
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Zeros;
 use crate::space::ahead::ALLOC_STEP;
@@ -258,7 +258,7 @@ impl Volume {
             Self::settle_after_open(&vol, needs_checkpoint, rec.replayed, rec.replay_end)?;
         }
         // Recovery read the whole map: down to its cache.
-        vol.inner.trim_map();
+        pager::trim_map(&vol.inner);
         let report = OpenReport {
             duration: started.elapsed(),
             replayed: rec.replayed,
@@ -430,7 +430,7 @@ impl Volume {
         self.inner
             .map_cache
             .store(bytes, std::sync::atomic::Ordering::Relaxed);
-        self.inner.trim_map();
+        pager::trim_map(&self.inner);
     }
 
     /// Logical size in bytes.
@@ -535,9 +535,7 @@ impl Volume {
         // The tail given up (or added): no write runs there meanwhile.
         let _range = self.inner.ranges.lock(first, last);
         if new_size < old {
-            let mapped = self
-                .inner
-                .with_map(|st| st.map.next_mapped(first, u64::MAX))?;
+            let mapped = pager::with_map(&self.inner, |st| st.map.next_mapped(first, u64::MAX))?;
             if let Some(lba) = mapped {
                 return Err(EngineError::Invalid(format!(
                     "cannot shrink to {new_size} bytes: byte {} and perhaps more past it \
@@ -757,7 +755,7 @@ impl Volume {
     pub fn verify_accounting(&self) -> Result<(), String> {
         let mut u = Usage::default();
         let st = self.inner.state.read();
-        crate::meta::pager::for_each_chunk_locked(&self.inner, &st, |_, entries| {
+        pager::for_each_chunk_locked(&self.inner, &st, |_, entries| {
             for &(_, e) in entries {
                 u.add(segment_of(e.record_offset(), self.inner.seg_size), e);
             }
@@ -775,7 +773,7 @@ impl Volume {
             return Err("total live bytes differ".into());
         }
         drop(st);
-        crate::meta::pager::verify_pages(&self.inner)?;
+        pager::verify_pages(&self.inner)?;
         Ok(())
     }
 }

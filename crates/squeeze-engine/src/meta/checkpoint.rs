@@ -33,6 +33,7 @@
 use crate::chain_index::{ChainIndex, IndexBuilder, PieceIndex};
 use crate::counters::{Counter, COUNTERS};
 use crate::error::{EngineError, Result};
+use crate::meta::pager;
 use crate::meta::superblock as sbio;
 use crate::space::Usage;
 use crate::space::{SegState, SegmentId};
@@ -151,7 +152,7 @@ fn write_piece(inner: &Inner, clean: bool, force_base: bool) -> Result<()> {
         inner.ckpt_history.lock().need_base = true;
         // Chunks spread over too many pieces go whole into this one only
         // when the map pages.
-        let pressed = st.map.memory_bytes() > inner.map_cache();
+        let pressed = st.map.memory_bytes() > pager::map_cache(inner);
         st.map.freeze(pressed);
         let counters = inner.counters.snapshot();
         let notes = st.usage.below_target_notes();
@@ -265,7 +266,7 @@ fn write_piece(inner: &Inner, clean: bool, force_base: bool) -> Result<()> {
                 st.map.note_base();
             }
         }
-        inner.page_out(st);
+        pager::page_out(inner, st);
     }
     inner
         .counters
@@ -466,7 +467,7 @@ fn stream_piece(
         }
         None => st.map.for_each_run(
             |c, pieces| match &st.chain {
-                Some(chain) => inner.read_back(chain, c, pieces),
+                Some(chain) => pager::read_back_chunk(inner, chain, c, pieces),
                 None => Err(inner.internal(format!("map chunk {c} is paged out without a chain"))),
             },
             &mut put,

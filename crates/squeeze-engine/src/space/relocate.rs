@@ -20,6 +20,7 @@
 use crate::append::{self, Room};
 use crate::counters::Counter;
 use crate::error::Result;
+use crate::meta::pager;
 use crate::pipeline::compress::{encode, Item, Payload};
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Piece;
@@ -212,7 +213,7 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
             if !h.kind.has_payload() || !upgrade_this(h.codec) {
                 return Ok(true);
             }
-            found = inner.with_map(|st| {
+            found = pager::with_map(inner, |st| {
                 for i in 0..u64::from(h.sectors) {
                     let e = st.map.get(h.lba + i)?;
                     if e.is_mapped() && e.record_offset() == rec_abs {
@@ -249,7 +250,7 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
         {
             return Ok(true);
         }
-        let live: Vec<bool> = inner.with_map(|st| {
+        let live: Vec<bool> = pager::with_map(inner, |st| {
             (0..u64::from(h.sectors))
                 .map(|i| {
                     let e = st.map.get(h.lba + i)?;
