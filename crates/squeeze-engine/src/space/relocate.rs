@@ -1,6 +1,6 @@
 //! Relocation: the live records of one segment re-appended at the log head
 //! as Relocate records, so that the segment holds no live sector and the
-//! next checkpoint frees it. The segment is read once, [`WINDOW_BYTES`] at
+//! next checkpoint frees it. The segment is read once, `WINDOW_BYTES` at
 //! a time:
 //! - a record whose sectors are all live is copied as it is (no codec time),
 //!   unless a recompress algorithm is set, then it is recompressed with it
@@ -8,8 +8,8 @@
 //! - a partly live record is decompressed and only its live runs are
 //!   compressed again, so dead sectors inside an extent stop costing space.
 //!
-//! The cleaner ([`Rewrite::Clean`]) and the upgrade to the target codec
-//! ([`Rewrite::Upgrade`]) both rewrite a segment here.
+//! The cleaner (`Rewrite::Clean`) and the upgrade to the target codec
+//! (`Rewrite::Upgrade`) both rewrite a segment here.
 //!
 //! Crash safety: relocations are ordinary log records whose replay applies
 //! only where the map still points at the old record (so a relocation never
