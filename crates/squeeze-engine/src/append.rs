@@ -9,10 +9,11 @@
 //!
 //! A failed write installs nothing and turns the volume read-only; a
 //! failed reservation changes nothing (`NoSpace`: the caller may make room,
-//! `space::cleaner::append_making_room`).
+//! `space::make_room::append_making_room`).
 
 use crate::counters::{Counter, Counters};
 use crate::error::{EngineError, Result};
+use crate::meta::pager;
 use crate::meta::{checkpoint, flush_marks};
 use crate::pipeline::compress::{Item, Outcome};
 use crate::space::ahead::ALLOC_STEP;
@@ -124,399 +125,397 @@ fn item_header(
     }
 }
 
-impl Inner {
-    /// Bytes `item` would occupy in the log if appended now.
-    pub(crate) fn record_len(&self, item: &Item, buf: &[u8]) -> u64 {
-        let short = self.short_records.load(Ordering::Acquire);
-        item_header(&self.uuid, item, buf, 0, 0, short).record_len()
-    }
+/// Bytes `item` would occupy in the log if appended now.
+pub(crate) fn record_len(inner: &Inner, item: &Item, buf: &[u8]) -> u64 {
+    let short = inner.short_records.load(Ordering::Acquire);
+    item_header(&inner.uuid, item, buf, 0, 0, short).record_len()
+}
 
-    /// Appends encoded items to the log and installs them in the map.
-    pub(crate) fn append(&self, items: &[Item], buf: &[u8], room: Room) -> Result<()> {
-        let inner = self;
-        // Short headers only once the superblock says format 4 (durably:
-        // a checkpoint sets it, and never back), so that no build that
-        // reads only full headers opens a log holding short ones.
-        let short = inner.short_records.load(Ordering::Acquire);
-        let lens: Vec<u64> = items
-            .iter()
-            .map(|it| item_header(&inner.uuid, it, buf, 0, 0, short).record_len())
-            .collect();
-        let crcs: Vec<u32> = items.iter().map(|it| payload_crc(it, buf)).collect();
-        let (placements, ticket) = inner.reserve(&lens, room)?;
-        let result = self.write_placements(items, buf, &crcs, &placements, short);
-        if let Err(e) = result {
-            inner.poison(&e);
-            inner.tickets.complete(ticket);
-            return Err(e);
-        }
-        let installed = {
-            let mut st = inner.state.write();
-            let mut installed = Ok(());
-            for p in placements.iter() {
-                let Some(i) = p.item else { continue };
-                let h = item_header(&inner.uuid, &items[i], buf, p.seq, crcs[i], short);
-                // A chunk paged out is paged in here, under the lock; if
-                // that fails the volume has turned read-only, and replay
-                // installs the records written.
-                if let Err(e) =
-                    inner.with_map_mut(&mut st, |st| st.apply(&h, p.offset, inner.seg_size))
-                {
-                    installed = Err(e);
-                    break;
-                }
-                if let Item::Blob {
-                    sectors,
-                    below_target: true,
-                    ..
-                }
-                | Item::Moved {
-                    sectors,
-                    below_target: true,
-                    ..
-                } = &items[i]
-                {
-                    st.usage
-                        .note_below_target(p.segment, u64::from(*sectors) * SECTOR);
-                }
-            }
-            installed
-        };
+/// Appends encoded items to the log and installs them in the map.
+pub(crate) fn append(inner: &Inner, items: &[Item], buf: &[u8], room: Room) -> Result<()> {
+    // Short headers only once the superblock says format 4 (durably:
+    // a checkpoint sets it, and never back), so that no build that
+    // reads only full headers opens a log holding short ones.
+    let short = inner.short_records.load(Ordering::Acquire);
+    let lens: Vec<u64> = items
+        .iter()
+        .map(|it| item_header(&inner.uuid, it, buf, 0, 0, short).record_len())
+        .collect();
+    let crcs: Vec<u32> = items.iter().map(|it| payload_crc(it, buf)).collect();
+    let (placements, ticket) = reserve(inner, &lens, room)?;
+    let result = write_placements(inner, items, buf, &crcs, &placements, short);
+    if let Err(e) = result {
+        inner.poison(&e);
         inner.tickets.complete(ticket);
-        installed?;
-        let c = &inner.counters;
-        for (it, len) in items.iter().zip(&lens) {
-            match it {
-                Item::Zero { .. } => {}
-                Item::Moved { recompressed, .. } => {
-                    c.add(Counter::CleanerBytesMoved, *len);
-                    c.add(Counter::RecompressedBlobs, u64::from(*recompressed));
-                }
-                Item::Blob {
-                    sectors,
-                    outcome,
-                    below_target,
-                    ..
-                } => {
-                    let raw = u64::from(*sectors) * SECTOR;
-                    if *below_target {
-                        c.add(Counter::BelowTargetBytes, raw);
-                    }
-                    let (codec, payload) = it.payload(buf);
-                    if room == Room::Merge {
-                        c.add(Counter::MergedSectors, u64::from(*sectors));
-                        c.add(Counter::MergedBytes, *len);
-                    } else {
-                        c.add(Counters::codec_bytes(codec), raw);
-                        c.add(Counter::ClientBytesCompressed, *len);
-                    }
-                    match outcome {
-                        Outcome::Compressed => {
-                            c.add(Counter::BlobsCompressed, 1);
-                            c.add(Counter::RawIn, raw);
-                            c.add(Counter::StoredOut, payload.len() as u64);
-                        }
-                        Outcome::Rejected => c.add(Counter::BlobsRejected, 1),
-                        Outcome::Skipped | Outcome::NotTried => c.add(Counter::BlobsSkipped, 1),
-                    }
-                }
-            }
-        }
-        Ok(())
+        return Err(e);
     }
+    let installed = {
+        let mut st = inner.state.write();
+        let mut installed = Ok(());
+        for p in placements.iter() {
+            let Some(i) = p.item else { continue };
+            let h = item_header(&inner.uuid, &items[i], buf, p.seq, crcs[i], short);
+            // A chunk paged out is paged in here, under the lock; if
+            // that fails the volume has turned read-only, and replay
+            // installs the records written.
+            if let Err(e) =
+                pager::with_map_mut(inner, &mut st, |st| st.apply(&h, p.offset, inner.seg_size))
+            {
+                installed = Err(e);
+                break;
+            }
+            if let Item::Blob {
+                sectors,
+                below_target: true,
+                ..
+            }
+            | Item::Moved {
+                sectors,
+                below_target: true,
+                ..
+            } = &items[i]
+            {
+                st.usage
+                    .note_below_target(p.segment, u64::from(*sectors) * SECTOR);
+            }
+        }
+        installed
+    };
+    inner.tickets.complete(ticket);
+    installed?;
+    let c = &inner.counters;
+    for (it, len) in items.iter().zip(&lens) {
+        match it {
+            Item::Zero { .. } => {}
+            Item::Moved { recompressed, .. } => {
+                c.add(Counter::CleanerBytesMoved, *len);
+                c.add(Counter::RecompressedBlobs, u64::from(*recompressed));
+            }
+            Item::Blob {
+                sectors,
+                outcome,
+                below_target,
+                ..
+            } => {
+                let raw = u64::from(*sectors) * SECTOR;
+                if *below_target {
+                    c.add(Counter::BelowTargetBytes, raw);
+                }
+                let (codec, payload) = it.payload(buf);
+                if room == Room::Merge {
+                    c.add(Counter::MergedSectors, u64::from(*sectors));
+                    c.add(Counter::MergedBytes, *len);
+                } else {
+                    c.add(Counters::codec_bytes(codec), raw);
+                    c.add(Counter::ClientBytesCompressed, *len);
+                }
+                match outcome {
+                    Outcome::Compressed => {
+                        c.add(Counter::BlobsCompressed, 1);
+                        c.add(Counter::RawIn, raw);
+                        c.add(Counter::StoredOut, payload.len() as u64);
+                    }
+                    Outcome::Rejected => c.add(Counter::BlobsRejected, 1),
+                    Outcome::Skipped | Outcome::NotTried => c.add(Counter::BlobsSkipped, 1),
+                }
+            }
+        }
+    }
+    Ok(())
+}
 
-    /// Encodes the records of a reservation and writes each contiguous run
-    /// with one positional write: the headers, the payloads where the codec
-    /// left them and the padding, gathered without a copy
-    /// (`Storage::write_parts_at`).
-    fn write_placements(
-        &self,
-        items: &[Item],
-        buf: &[u8],
-        crcs: &[u32],
-        placements: &[Placement],
-        short: bool,
-    ) -> Result<()> {
-        static PAD: [u8; RECORD_ALIGN as usize] = [0; RECORD_ALIGN as usize];
-        let mut headers = vec![0u8; placements.len() * RECORD_HEADER_SIZE];
-        let mut header_lens = Vec::with_capacity(placements.len());
-        for (p, h) in placements
-            .iter()
-            .zip(headers.chunks_exact_mut(RECORD_HEADER_SIZE))
-        {
-            let header = match p.item {
-                None => segment_header(&self.uuid, p.seq, p.segment),
-                Some(i) => item_header(&self.uuid, &items[i], buf, p.seq, crcs[i], short),
-            };
-            header.encode(h);
-            header_lens.push(header.header_len());
-        }
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(placements.len() * 3);
-        let (mut run_start, mut run_end, mut total) = (0u64, 0u64, 0u64);
-        for ((p, h), &header_len) in placements
-            .iter()
-            .zip(headers.chunks_exact(RECORD_HEADER_SIZE))
-            .zip(&header_lens)
-        {
-            let h = &h[..header_len];
-            if !parts.is_empty() && run_end != p.offset {
-                self.storage.write_parts_at(&parts, run_start)?;
-                total += run_end - run_start;
-                parts.clear();
-            }
-            if parts.is_empty() {
-                (run_start, run_end) = (p.offset, p.offset);
-            }
-            parts.push(h);
-            let mut len = header_len as u64;
-            if let Some(i) = p.item {
-                let (_, payload) = items[i].payload(buf);
-                if !payload.is_empty() {
-                    parts.push(payload);
-                }
-                len = squeeze_format::align_record(len + payload.len() as u64);
-                let pad = (len - header_len as u64) as usize - payload.len();
-                if pad > 0 {
-                    parts.push(&PAD[..pad]);
-                }
-            }
-            run_end += len;
-        }
-        if !parts.is_empty() {
-            self.storage.write_parts_at(&parts, run_start)?;
+/// Encodes the records of a reservation and writes each contiguous run
+/// with one positional write: the headers, the payloads where the codec
+/// left them and the padding, gathered without a copy
+/// (`Storage::write_parts_at`).
+fn write_placements(
+    inner: &Inner,
+    items: &[Item],
+    buf: &[u8],
+    crcs: &[u32],
+    placements: &[Placement],
+    short: bool,
+) -> Result<()> {
+    static PAD: [u8; RECORD_ALIGN as usize] = [0; RECORD_ALIGN as usize];
+    let mut headers = vec![0u8; placements.len() * RECORD_HEADER_SIZE];
+    let mut header_lens = Vec::with_capacity(placements.len());
+    for (p, h) in placements
+        .iter()
+        .zip(headers.chunks_exact_mut(RECORD_HEADER_SIZE))
+    {
+        let header = match p.item {
+            None => segment_header(&inner.uuid, p.seq, p.segment),
+            Some(i) => item_header(&inner.uuid, &items[i], buf, p.seq, crcs[i], short),
+        };
+        header.encode(h);
+        header_lens.push(header.header_len());
+    }
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(placements.len() * 3);
+    let (mut run_start, mut run_end, mut total) = (0u64, 0u64, 0u64);
+    for ((p, h), &header_len) in placements
+        .iter()
+        .zip(headers.chunks_exact(RECORD_HEADER_SIZE))
+        .zip(&header_lens)
+    {
+        let h = &h[..header_len];
+        if !parts.is_empty() && run_end != p.offset {
+            inner.storage.write_parts_at(&parts, run_start)?;
             total += run_end - run_start;
+            parts.clear();
         }
-        self.counters.add(Counter::LogBytes, total);
-        Ok(())
-    }
-
-    fn check_not_poisoned(&self) -> Result<()> {
-        match self.poisoned.lock().clone() {
-            Some(why) => Err(EngineError::ReadOnly(why)),
-            None => Ok(()),
+        if parts.is_empty() {
+            (run_start, run_end) = (p.offset, p.offset);
         }
-    }
-
-    /// Makes every record appended before the call durable. Two stages,
-    /// pipelined across concurrent flushes: the write-out of staged log
-    /// bytes, then one fdatasync for every group written out before it,
-    /// followed by a flush mark (`meta::flush_marks`) saying how far the
-    /// log is durable.
-    pub(crate) fn flush(&self) -> Result<()> {
-        self.check_not_poisoned()?;
-        let target = self.tickets.issued();
-        self.tickets.wait_below(target);
-        // Stage 1: every record of a ticket below `target` reaches the file
-        // (the write-behind pool's staged bytes are written out), taking
-        // along whatever completed meanwhile.
-        {
-            let _w = self.write_out_lock.lock();
-            self.check_not_poisoned()?;
-            if self.written.load(Ordering::Acquire) < target {
-                // Tickets are issued under the log lock in seq order: every
-                // record of a ticket below `upto` has a seq below `upto_seq`.
-                let (upto, upto_seq, upto_end) = {
-                    let log = self.log.lock();
-                    (self.tickets.issued(), log.next_seq, log.head_offset)
-                };
-                self.tickets.wait_below(upto);
-                if let Err(e) = self.storage.write_out() {
-                    let e = EngineError::Io(e);
-                    self.poison(&e);
-                    return Err(e);
-                }
-                *self.written_seq.lock() = (upto_seq, upto_end);
-                self.written.store(upto, Ordering::Release);
+        parts.push(h);
+        let mut len = header_len as u64;
+        if let Some(i) = p.item {
+            let (_, payload) = items[i].payload(buf);
+            if !payload.is_empty() {
+                parts.push(payload);
+            }
+            len = squeeze_format::align_record(len + payload.len() as u64);
+            let pad = (len - header_len as u64) as usize - payload.len();
+            if pad > 0 {
+                parts.push(&PAD[..pad]);
             }
         }
-        // Stage 2: one fdatasync makes durable every write that completed
-        // before it began: all that stage 1 reported written when it starts.
-        // While it runs, the next group's stage 1 writes out (pipelined:
-        // docs/ARCHITECTURE.md, "Flush, pipelined").
-        let mut synced = self.sync_lock.lock();
-        if synced.ticket >= target {
-            // An earlier group's fdatasync covered this flush: its mark may
-            // still be being written (after that group let the lock go).
-            // Wait for it, so no flush returns before a mark covers it.
-            drop(synced);
-            self.wait_for_marks();
-            return Ok(());
+        run_end += len;
+    }
+    if !parts.is_empty() {
+        inner.storage.write_parts_at(&parts, run_start)?;
+        total += run_end - run_start;
+    }
+    inner.counters.add(Counter::LogBytes, total);
+    Ok(())
+}
+
+fn check_not_poisoned(inner: &Inner) -> Result<()> {
+    match inner.poisoned.lock().clone() {
+        Some(why) => Err(EngineError::ReadOnly(why)),
+        None => Ok(()),
+    }
+}
+
+/// Makes every record appended before the call durable. Two stages,
+/// pipelined across concurrent flushes: the write-out of staged log
+/// bytes, then one fdatasync for every group written out before it,
+/// followed by a flush mark (`meta::flush_marks`) saying how far the
+/// log is durable.
+pub(crate) fn flush(inner: &Inner) -> Result<()> {
+    check_not_poisoned(inner)?;
+    let target = inner.tickets.issued();
+    inner.tickets.wait_below(target);
+    // Stage 1: every record of a ticket below `target` reaches the file
+    // (the write-behind pool's staged bytes are written out), taking
+    // along whatever completed meanwhile.
+    {
+        let _w = inner.write_out_lock.lock();
+        check_not_poisoned(inner)?;
+        if inner.written.load(Ordering::Acquire) < target {
+            // Tickets are issued under the log lock in seq order: every
+            // record of a ticket below `upto` has a seq below `upto_seq`.
+            let (upto, upto_seq, upto_end) = {
+                let log = inner.log.lock();
+                (inner.tickets.issued(), log.next_seq, log.head_offset)
+            };
+            inner.tickets.wait_below(upto);
+            if let Err(e) = inner.storage.write_out() {
+                let e = EngineError::Io(e);
+                inner.poison(&e);
+                return Err(e);
+            }
+            *inner.written_seq.lock() = (upto_seq, upto_end);
+            inner.written.store(upto, Ordering::Release);
         }
-        // A failed fdatasync before this one may have dropped written pages,
-        // and the file reports that error once: a later fdatasync returns
-        // Ok over the loss. The flush that met it poisoned the volume before
-        // letting go of the lock, so this one fails too.
-        self.check_not_poisoned()?;
-        let upto = self.written.load(Ordering::Acquire);
-        // Stored only after its write-out completed, so whatever this reads
-        // was written before the fdatasync below begins.
-        let upto_seq = *self.written_seq.lock();
-        if let Err(e) = self.storage.sync_written() {
-            let e = EngineError::Io(e);
-            self.poison(&e);
-            return Err(e);
-        }
-        synced.ticket = upto;
-        let mark = flush_marks::next(&self.uuid, &mut synced, upto_seq);
-        // The next group's fdatasync need not wait for this mark's write;
-        // flushes this fdatasync covered wait for it (`marks_in_flight`).
-        let Some(m) = mark else {
-            // An earlier mark claims as much; it may still be in flight.
-            drop(synced);
-            self.wait_for_marks();
-            self.counters.add(Counter::Flushes, 1);
-            return Ok(());
-        };
-        *self.marks_in_flight.0.lock() += 1;
+    }
+    // Stage 2: one fdatasync makes durable every write that completed
+    // before it began: all that stage 1 reported written when it starts.
+    // While it runs, the next group's stage 1 writes out (pipelined:
+    // docs/ARCHITECTURE.md, "Flush, pipelined").
+    let mut synced = inner.sync_lock.lock();
+    if synced.ticket >= target {
+        // An earlier group's fdatasync covered this flush: its mark may
+        // still be being written (after that group let the lock go).
+        // Wait for it, so no flush returns before a mark covers it.
         drop(synced);
-        let written = flush_marks::write(&*self.storage, &m);
-        {
-            let (n, cv) = &self.marks_in_flight;
-            *n.lock() -= 1;
-            cv.notify_all();
-        }
-        if let Err(e) = written {
-            let e = EngineError::Io(e);
-            self.poison(&e);
-            return Err(e);
-        }
-        self.counters.add(Counter::Flushes, 1);
-        Ok(())
+        wait_for_marks(inner);
+        return Ok(());
     }
+    // A failed fdatasync before this one may have dropped written pages,
+    // and the file reports that error once: a later fdatasync returns
+    // Ok over the loss. The flush that met it poisoned the volume before
+    // letting go of the lock, so this one fails too.
+    check_not_poisoned(inner)?;
+    let upto = inner.written.load(Ordering::Acquire);
+    // Stored only after its write-out completed, so whatever this reads
+    // was written before the fdatasync below begins.
+    let upto_seq = *inner.written_seq.lock();
+    if let Err(e) = inner.storage.sync_written() {
+        let e = EngineError::Io(e);
+        inner.poison(&e);
+        return Err(e);
+    }
+    synced.ticket = upto;
+    let mark = flush_marks::next(&inner.uuid, &mut synced, upto_seq);
+    // The next group's fdatasync need not wait for this mark's write;
+    // flushes this fdatasync covered wait for it (`marks_in_flight`).
+    let Some(m) = mark else {
+        // An earlier mark claims as much; it may still be in flight.
+        drop(synced);
+        wait_for_marks(inner);
+        inner.counters.add(Counter::Flushes, 1);
+        return Ok(());
+    };
+    *inner.marks_in_flight.0.lock() += 1;
+    drop(synced);
+    let written = flush_marks::write(&*inner.storage, &m);
+    {
+        let (n, cv) = &inner.marks_in_flight;
+        *n.lock() -= 1;
+        cv.notify_all();
+    }
+    if let Err(e) = written {
+        let e = EngineError::Io(e);
+        inner.poison(&e);
+        return Err(e);
+    }
+    inner.counters.add(Counter::Flushes, 1);
+    Ok(())
+}
 
-    /// Waits until no flush mark is being written (`marks_in_flight`).
-    fn wait_for_marks(&self) {
-        let (n, cv) = &self.marks_in_flight;
-        let mut n = n.lock();
-        while *n > 0 {
-            cv.wait(&mut n);
+/// Waits until no flush mark is being written (`marks_in_flight`).
+fn wait_for_marks(inner: &Inner) {
+    let (n, cv) = &inner.marks_in_flight;
+    let mut n = n.lock();
+    while *n > 0 {
+        cv.wait(&mut n);
+    }
+}
+
+/// Reserves log space for records of the given lengths: assigns each a
+/// seq and an offset, opening (and allocating) new segments as needed.
+pub(crate) fn reserve(inner: &Inner, lens: &[u64], room: Room) -> Result<(Vec<Placement>, u64)> {
+    let mut log = inner.log.lock();
+    if let Some(why) = inner.poisoned.lock().clone() {
+        return Err(EngineError::ReadOnly(why));
+    }
+    let step = ALLOC_STEP.min(inner.seg_size);
+    // A new head segment gets half of the allocation ahead at once (one
+    // fallocate where the writers would otherwise race the allocator
+    // thread through the first steps); the allocator extends it.
+    let first_alloc = if inner.allocate_ahead {
+        crate::space::ahead::ALLOC_AHEAD / 2
+    } else {
+        0
+    };
+    // Dry run: how far into the head segment, how many new segments and
+    // how much of each.
+    let mut pos = log.head_offset;
+    let mut end = inner.segment_end(log.head_segment);
+    let mut head_need = log.head_offset;
+    let mut new_used: Vec<u64> = Vec::new();
+    for &len in lens {
+        if pos + len > end {
+            new_used.push(RECORD_HEADER_SIZE as u64);
+            pos = inner.segment_offset(0) + RECORD_HEADER_SIZE as u64; // any fresh segment start
+            end = inner.segment_end(0);
+        }
+        pos += len;
+        match new_used.last_mut() {
+            Some(u) => *u += len,
+            None => head_need = pos,
         }
     }
-
-    /// Reserves log space for records of the given lengths: assigns each a
-    /// seq and an offset, opening (and allocating) new segments as needed.
-    pub(crate) fn reserve(&self, lens: &[u64], room: Room) -> Result<(Vec<Placement>, u64)> {
-        let mut log = self.log.lock();
-        if let Some(why) = self.poisoned.lock().clone() {
-            return Err(EngineError::ReadOnly(why));
-        }
-        let step = ALLOC_STEP.min(self.seg_size);
-        // A new head segment gets half of the allocation ahead at once (one
-        // fallocate where the writers would otherwise race the allocator
-        // thread through the first steps); the allocator extends it.
-        let first_alloc = if self.allocate_ahead {
-            crate::space::ahead::ALLOC_AHEAD / 2
-        } else {
-            0
-        };
-        // Dry run: how far into the head segment, how many new segments and
-        // how much of each.
-        let mut pos = log.head_offset;
-        let mut end = self.segment_end(log.head_segment);
-        let mut head_need = log.head_offset;
-        let mut new_used: Vec<u64> = Vec::new();
-        for &len in lens {
-            if pos + len > end {
-                new_used.push(RECORD_HEADER_SIZE as u64);
-                pos = self.segment_offset(0) + RECORD_HEADER_SIZE as u64; // any fresh segment start
-                end = self.segment_end(0);
-            }
-            pos += len;
-            match new_used.last_mut() {
-                Some(u) => *u += len,
-                None => head_need = pos,
-            }
-        }
-        let new_segments = new_used.len() as u64;
-        if !log.head_in_segment(self.seg_size) {
-            return Err(self.internal(format!(
-                "log head {} is outside its segment {}",
-                log.head_offset, log.head_segment
+    let new_segments = new_used.len() as u64;
+    if !log.head_in_segment(inner.seg_size) {
+        return Err(inner.internal(format!(
+            "log head {} is outside its segment {}",
+            log.head_offset, log.head_segment
+        )));
+    }
+    if head_need > log.allocated_end {
+        let to = (head_need.div_ceil(step) * step).min(inner.segment_end(log.head_segment));
+        inner
+            .storage
+            .allocate(log.allocated_end, to - log.allocated_end)
+            .map_err(|e| inner.storage_failed(e))?;
+        log.allocated_end = to;
+    }
+    let mut fresh = Vec::new();
+    // How much of the last new segment got allocated.
+    let mut last_alloc_end = None;
+    if new_segments > 0 {
+        let extra_chunks = lens.len() as u64 * 2 + 2;
+        let reserve = checkpoint::segments_needed(inner, extra_chunks) + room.extra_segments();
+        if log.table.available() < new_segments + reserve {
+            return Err(EngineError::NoSpace(format!(
+                "backing store full: {} segments free, {} needed plus {} kept for checkpoints",
+                log.table.available(),
+                new_segments,
+                reserve
             )));
         }
-        if head_need > log.allocated_end {
-            let to = (head_need.div_ceil(step) * step).min(self.segment_end(log.head_segment));
-            self.storage
-                .allocate(log.allocated_end, to - log.allocated_end)
-                .map_err(|e| self.storage_failed(e))?;
-            log.allocated_end = to;
-        }
-        let mut fresh = Vec::new();
-        // How much of the last new segment got allocated.
-        let mut last_alloc_end = None;
-        if new_segments > 0 {
-            let extra_chunks = lens.len() as u64 * 2 + 2;
-            let reserve = checkpoint::segments_needed(self, extra_chunks) + room.extra_segments();
-            if log.table.available() < new_segments + reserve {
-                return Err(EngineError::NoSpace(format!(
-                    "backing store full: {} segments free, {} needed plus {} kept for checkpoints",
-                    log.table.available(),
-                    new_segments,
-                    reserve
-                )));
-            }
-            for used in &new_used {
-                let s = log.table.pick_free().expect("available segment");
-                let off = self.segment_offset(s);
-                let need = (used.div_ceil(step) * step).min(self.seg_size);
-                let n = need.max(first_alloc).min(self.seg_size);
-                // On a nearly full disk, what the records need may still fit.
-                let allocated = match self.storage.allocate(off, n) {
-                    Err(_) if n > need => self.storage.allocate(off, need).map(|()| need),
-                    r => r.map(|()| n),
-                };
-                match allocated {
-                    Ok(n) => last_alloc_end = Some(n),
-                    Err(e) => {
-                        for f in fresh {
-                            log.table.set(f, SegState::Free);
-                        }
-                        return Err(self.storage_failed(e));
+        for used in &new_used {
+            let s = log.table.pick_free().expect("available segment");
+            let off = inner.segment_offset(s);
+            let need = (used.div_ceil(step) * step).min(inner.seg_size);
+            let n = need.max(first_alloc).min(inner.seg_size);
+            // On a nearly full disk, what the records need may still fit.
+            let allocated = match inner.storage.allocate(off, n) {
+                Err(_) if n > need => inner.storage.allocate(off, need).map(|()| need),
+                r => r.map(|()| n),
+            };
+            match allocated {
+                Ok(n) => last_alloc_end = Some(n),
+                Err(e) => {
+                    for f in fresh {
+                        log.table.set(f, SegState::Free);
                     }
+                    return Err(inner.storage_failed(e));
                 }
-                log.table.set(s, SegState::Log { opened_seq: 0 });
-                fresh.push(s);
             }
+            log.table.set(s, SegState::Log { opened_seq: 0 });
+            fresh.push(s);
         }
-        let mut placements = Vec::with_capacity(lens.len() + fresh.len());
-        let mut fresh = fresh.into_iter();
-        let mut total = 0;
-        for (i, &len) in lens.iter().enumerate() {
-            if log.head_offset + len > self.segment_end(log.head_segment) {
-                let s = fresh.next().expect("segment reserved");
-                let seq = log.next_seq;
-                log.next_seq += 1;
-                log.table.set(s, SegState::Log { opened_seq: seq });
-                let off = self.segment_offset(s);
-                placements.push(Placement {
-                    offset: off,
-                    seq,
-                    item: None,
-                    segment: s,
-                });
-                log.head_segment = s;
-                log.head_offset = off + RECORD_HEADER_SIZE as u64;
-                total += RECORD_HEADER_SIZE as u64;
-            }
-            placements.push(Placement {
-                offset: log.head_offset,
-                seq: log.next_seq,
-                item: Some(i),
-                segment: log.head_segment,
-            });
-            log.next_seq += 1;
-            log.head_offset += len;
-            total += len;
-        }
-        let head_start = self.segment_offset(log.head_segment);
-        if let Some(n) = last_alloc_end {
-            log.allocated_end = head_start + n;
-        }
-        if self.allocate_ahead {
-            crate::space::ahead::maybe_request(self, &mut log);
-        }
-        log.bytes_since_checkpoint += total;
-        let ticket = self.tickets.issue();
-        Ok((placements, ticket))
     }
+    let mut placements = Vec::with_capacity(lens.len() + fresh.len());
+    let mut fresh = fresh.into_iter();
+    let mut total = 0;
+    for (i, &len) in lens.iter().enumerate() {
+        if log.head_offset + len > inner.segment_end(log.head_segment) {
+            let s = fresh.next().expect("segment reserved");
+            let seq = log.next_seq;
+            log.next_seq += 1;
+            log.table.set(s, SegState::Log { opened_seq: seq });
+            let off = inner.segment_offset(s);
+            placements.push(Placement {
+                offset: off,
+                seq,
+                item: None,
+                segment: s,
+            });
+            log.head_segment = s;
+            log.head_offset = off + RECORD_HEADER_SIZE as u64;
+            total += RECORD_HEADER_SIZE as u64;
+        }
+        placements.push(Placement {
+            offset: log.head_offset,
+            seq: log.next_seq,
+            item: Some(i),
+            segment: log.head_segment,
+        });
+        log.next_seq += 1;
+        log.head_offset += len;
+        total += len;
+    }
+    let head_start = inner.segment_offset(log.head_segment);
+    if let Some(n) = last_alloc_end {
+        log.allocated_end = head_start + n;
+    }
+    if inner.allocate_ahead {
+        crate::space::ahead::maybe_request(inner, &mut log);
+    }
+    log.bytes_since_checkpoint += total;
+    let ticket = inner.tickets.issue();
+    Ok((placements, ticket))
 }

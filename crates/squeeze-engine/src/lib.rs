@@ -1,5 +1,6 @@
 //! The squeeze engine: a crash-safe, inline-compressing, log-structured
-//! volume. See docs/ARCHITECTURE.md for the data path; each stage is one
+//! volume. See docs/ARCHITECTURE.md for the data path and the layers (no
+//! module imports one above it: `scripts/check_house.py`); each stage is one
 //! module:
 //!
 //! - `volume`: the public API and the lifecycle (create, open, close)
@@ -9,11 +10,14 @@
 //! - `pipeline`: split -> policy -> compress
 //! - `append`: log reservation, record write, map install, flush
 //! - `maintenance`: the background thread
-//! - `space`: segment states, live bytes, allocation ahead, cleaner, merger
+//! - `space`: segment states, live bytes, allocation ahead and pre-writing,
+//!   the cleaner (`gc_policy`, `victim`, `relocate`, `cleaner`, `upgrade`),
+//!   making room for an append (`make_room`), the merger
 //! - `meta`: superblock, checkpoints, recovery, and paging the map out to
 //!   the checkpoint chain (`meta::pager`)
 //! - `chain_index`: where the checkpoint chain's runs lie (for paging)
-//! - `state`: the shared state every stage works on (`Inner`)
+//! - `state`: the shared state every stage works on (`Inner`), its parts in
+//!   modules below it (`state::{log_state, map_state, history, ahead_mailbox}`)
 //! - `locks`: range locks and flush tickets
 //! - `map`: the sector map
 //! - `storage`: the backing file and the crash/fault simulator
@@ -44,8 +48,9 @@ pub(crate) mod write;
 pub use damage::RecoveryDamage;
 pub use error::{EngineError, Result};
 pub use pipeline::policy::Hint;
-pub use space::cleaner::{CleanReport, GcPolicy, GARBAGE_BUDGET_MIN};
+pub use space::gc_policy::{GcPolicy, GARBAGE_BUDGET_MIN};
 pub use space::merge::MergeReport;
+pub use space::relocate::CleanReport;
 pub use squeeze_codec::{Algorithm, CompressEngine, CpuPool};
 pub use squeeze_format::{CodecId, CompressionMode, Policy, SECTOR_SIZE};
 pub use stats::{Space, VolumeStats};

@@ -8,6 +8,7 @@
 
 use crate::counters::Counter;
 use crate::meta::checkpoint;
+use crate::meta::pager;
 use crate::state::Inner;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,7 +27,7 @@ pub const RECLAIM_BATCH: u64 = 4;
 /// Fewer free segments than the cleaner's tight limit, in the volume's
 /// segment table or in the file system under it.
 fn short_of_room(inner: &Inner) -> bool {
-    let tight = crate::space::cleaner::TIGHT_SEGMENTS;
+    let tight = crate::space::gc_policy::TIGHT_SEGMENTS;
     inner.log.lock().table.available() < tight
         || matches!(inner.storage.free_bytes(),
             Ok(Some(free)) if free < tight * inner.seg_size)
@@ -57,7 +58,7 @@ struct MergeState {
 impl MergeState {
     /// The cleaner rewrote the live runs of partly live records apart, which
     /// may have fragmented their windows again: the merger sweeps once more.
-    fn cleaned(&mut self, rep: &crate::space::cleaner::CleanReport) {
+    fn cleaned(&mut self, rep: &crate::space::relocate::CleanReport) {
         if rep.partial_records > 0 {
             self.settled = None;
         }
@@ -66,11 +67,11 @@ impl MergeState {
 
 /// One step of work while clients are idle; false when there is none left.
 fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
-    use crate::space::{cleaner, merge};
+    use crate::space::{cleaner, merge, upgrade, victim};
     // Merging turns the records it replaces into garbage: collect it first
     // once there is as much as the busy cleaner would start at.
-    let (dead, total) = cleaner::collectable(inner);
-    if total > 0 && dead as f64 > cleaner::budget(inner, total) * total as f64 {
+    let (dead, total) = victim::collectable(inner);
+    if total > 0 && dead as f64 > victim::budget(inner, total) * total as f64 {
         match cleaner::background_pass(inner) {
             Ok(Some(rep)) => {
                 ms.cleaned(&rep);
@@ -104,7 +105,7 @@ fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
         return true;
     }
     // Bytes written below the target under load: rewritten with it now.
-    match cleaner::upgrade_pass(inner) {
+    match upgrade::upgrade_pass(inner) {
         Ok(Some(_)) => return true,
         Ok(None) => {}
         Err(e) => tracing::info!("upgrade stopped: {e}"),
@@ -174,7 +175,7 @@ pub(crate) fn maintenance_loop(inner: &Arc<Inner>) {
         // Chunks changed since the last checkpoint cannot page out: when
         // they hold the map over its cache, a checkpoint comes early.
         let due = since >= CHECKPOINT_LOG_BYTES
-            || (since >= PRESSURE_LOG_BYTES && inner.map_over_cache());
+            || (since >= PRESSURE_LOG_BYTES && pager::map_over_cache(inner));
         // Dead segments are freed by a checkpoint: while clients write, one
         // for every RECLAIM_BATCH of them (each checkpoint is a delta, a
         // superblock and a sync); at once when idle or short of segments or

@@ -100,8 +100,8 @@ pub struct OpenOptions {
     /// ignored with `no_adapt`.
     pub adapt_defer: bool,
     /// When the cleaner works; None: the default garbage budget
-    /// (`space::cleaner::GcPolicy`).
-    pub gc: Option<crate::space::cleaner::GcPolicy>,
+    /// (`space::gc_policy::GcPolicy`).
+    pub gc: Option<crate::space::gc_policy::GcPolicy>,
     /// Bytes of RAM the sector map may use before chunks that did not
     /// change since the last checkpoint page out to the checkpoint chain
     /// (`meta::pager`); None: [`MAP_CACHE_DEFAULT`]. The map pages out as

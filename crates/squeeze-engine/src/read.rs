@@ -4,6 +4,7 @@
 
 use crate::counters::Counter;
 use crate::error::{EngineError, Result};
+use crate::meta::pager;
 use crate::state::Inner;
 use squeeze_format::{CodecId, MapEntry, RecordHeader, RECORD_ALIGN, SECTOR_SIZE};
 
@@ -106,160 +107,157 @@ fn decode_extent(inner: &Inner, e: MapEntry, lba: u64, rec: &[u8], out: &mut [u8
     })
 }
 
-impl Inner {
-    /// Reads `buf.len()` bytes at byte `offset`. Returns true when every
-    /// sector of the range is a hole (a structured NBD READ then answers
-    /// OFFSET_HOLE), from the same map walk as the read.
-    pub(crate) fn read(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
-        self.check_range(offset, buf.len() as u64)?;
-        if buf.is_empty() {
-            return Ok(false);
-        }
-        let first = offset / SECTOR;
-        let last = (offset + buf.len() as u64).div_ceil(SECTOR);
-        let all_hole = if offset.is_multiple_of(SECTOR) && buf.len().is_multiple_of(SECTOR_SIZE) {
-            self.read_sectors_mapped(first, buf)?
-        } else {
-            let mut tmp = vec![0u8; ((last - first) * SECTOR) as usize];
-            let all_hole = self.read_sectors_mapped(first, &mut tmp)?;
-            let skip = (offset - first * SECTOR) as usize;
-            buf.copy_from_slice(&tmp[skip..skip + buf.len()]);
-            all_hole
-        };
-        self.counters.add(Counter::BytesRead, buf.len() as u64);
-        Ok(all_hole)
+/// Reads `buf.len()` bytes at byte `offset`. Returns true when every
+/// sector of the range is a hole (a structured NBD READ then answers
+/// OFFSET_HOLE), from the same map walk as the read.
+pub(crate) fn read(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<bool> {
+    inner.check_range(offset, buf.len() as u64)?;
+    if buf.is_empty() {
+        return Ok(false);
     }
+    let first = offset / SECTOR;
+    let last = (offset + buf.len() as u64).div_ceil(SECTOR);
+    let all_hole = if offset.is_multiple_of(SECTOR) && buf.len().is_multiple_of(SECTOR_SIZE) {
+        read_sectors_mapped(inner, first, buf)?
+    } else {
+        let mut tmp = vec![0u8; ((last - first) * SECTOR) as usize];
+        let all_hole = read_sectors_mapped(inner, first, &mut tmp)?;
+        let skip = (offset - first * SECTOR) as usize;
+        buf.copy_from_slice(&tmp[skip..skip + buf.len()]);
+        all_hole
+    };
+    inner.counters.add(Counter::BytesRead, buf.len() as u64);
+    Ok(all_hole)
+}
 
-    /// Reads whole sectors from `lba` into `out` (holes read as zeros).
-    pub(crate) fn read_sectors(&self, lba: u64, out: &mut [u8]) -> Result<()> {
-        self.read_sectors_mapped(lba, out).map(|_| ())
+/// Reads whole sectors from `lba` into `out` (holes read as zeros).
+pub(crate) fn read_sectors(inner: &Inner, lba: u64, out: &mut [u8]) -> Result<()> {
+    read_sectors_mapped(inner, lba, out).map(|_| ())
+}
+
+/// `read_sectors`, telling whether every sector was a hole.
+fn read_sectors_mapped(inner: &Inner, lba: u64, out: &mut [u8]) -> Result<bool> {
+    let n = out.len() / SECTOR_SIZE;
+    let _gate = inner.gate.read();
+    let mut entries = vec![MapEntry::UNMAPPED; n];
+    pager::with_map(inner, |st| st.map.get_range(lba, &mut entries))?;
+    if entries.iter().all(|e| !e.is_mapped()) {
+        out.fill(0);
+        return Ok(true);
     }
-
-    /// `read_sectors`, telling whether every sector was a hole.
-    fn read_sectors_mapped(&self, lba: u64, out: &mut [u8]) -> Result<bool> {
-        let inner = self;
-        let n = out.len() / SECTOR_SIZE;
-        let _gate = inner.gate.read();
-        let mut entries = vec![MapEntry::UNMAPPED; n];
-        inner.with_map(|st| st.map.get_range(lba, &mut entries))?;
-        if entries.iter().all(|e| !e.is_mapped()) {
-            out.fill(0);
-            return Ok(true);
+    // Runs of sectors i..j that come from consecutive indices of one record.
+    let mut runs: Vec<(usize, usize, MapEntry)> = Vec::new();
+    let mut i = 0;
+    while i < n {
+        let e = entries[i];
+        if !e.is_mapped() {
+            out[i * SECTOR_SIZE..(i + 1) * SECTOR_SIZE].fill(0);
+            i += 1;
+            continue;
         }
-        // Runs of sectors i..j that come from consecutive indices of one record.
-        let mut runs: Vec<(usize, usize, MapEntry)> = Vec::new();
-        let mut i = 0;
-        while i < n {
-            let e = entries[i];
-            if !e.is_mapped() {
-                out[i * SECTOR_SIZE..(i + 1) * SECTOR_SIZE].fill(0);
-                i += 1;
-                continue;
-            }
-            let mut j = i + 1;
-            while j < n
-                && entries[j].record_offset() == e.record_offset()
-                && entries[j].index() == e.index() + (j - i) as u32
+        let mut j = i + 1;
+        while j < n
+            && entries[j].record_offset() == e.record_offset()
+            && entries[j].index() == e.index() + (j - i) as u32
+        {
+            j += 1;
+        }
+        runs.push((i, j, e));
+        i = j;
+    }
+    // A large request is a stream (a sequential read, a copy): its
+    // records come from the page cache only if already there, so it
+    // does not fill memory with pages read once. Small reads go through
+    // the page cache, which then holds compressed records for the reads
+    // of their other sectors.
+    let stream = out.len() >= READ_STREAM_MIN;
+    // Records that follow each other in the log (a sequential write read
+    // back) are fetched with one read: one system call instead of one per
+    // record, which in this VM costs as much as copying 10-20 KiB.
+    let mut g = 0;
+    while g < runs.len() {
+        let first = runs[g].2.record_offset();
+        let mut end = first + runs[g].2.record_len();
+        let mut h = g + 1;
+        while h < runs.len() {
+            let e = runs[h].2;
+            let next_end = e.record_offset() + e.record_len();
+            if e.record_offset() != end.next_multiple_of(RECORD_ALIGN)
+                || next_end - first > READ_SPAN_MAX
             {
-                j += 1;
+                break;
             }
-            runs.push((i, j, e));
-            i = j;
+            end = next_end;
+            h += 1;
         }
-        // A large request is a stream (a sequential read, a copy): its
-        // records come from the page cache only if already there, so it
-        // does not fill memory with pages read once. Small reads go through
-        // the page cache, which then holds compressed records for the reads
-        // of their other sectors.
-        let stream = out.len() >= READ_STREAM_MIN;
-        // Records that follow each other in the log (a sequential write read
-        // back) are fetched with one read: one system call instead of one per
-        // record, which in this VM costs as much as copying 10-20 KiB.
-        let mut g = 0;
-        while g < runs.len() {
-            let first = runs[g].2.record_offset();
-            let mut end = first + runs[g].2.record_len();
-            let mut h = g + 1;
-            while h < runs.len() {
-                let e = runs[h].2;
-                let next_end = e.record_offset() + e.record_len();
-                if e.record_offset() != end.next_multiple_of(RECORD_ALIGN)
-                    || next_end - first > READ_SPAN_MAX
-                {
-                    break;
+        if h == g + 1 {
+            let (i, j, e) = runs[g];
+            read_extent(
+                inner,
+                e,
+                lba + i as u64,
+                &mut out[i * SECTOR_SIZE..j * SECTOR_SIZE],
+                stream,
+            )?;
+        } else {
+            SPAN_BUF.with_borrow_mut(|span| -> Result<()> {
+                span.resize((end - first) as usize, 0);
+                read_log(inner, span, first, stream)?;
+                for &(i, j, e) in &runs[g..h] {
+                    let at = (e.record_offset() - first) as usize;
+                    let rec = &span[at..at + e.record_len() as usize];
+                    decode_extent(
+                        inner,
+                        e,
+                        lba + i as u64,
+                        rec,
+                        &mut out[i * SECTOR_SIZE..j * SECTOR_SIZE],
+                    )?;
                 }
-                end = next_end;
-                h += 1;
-            }
-            if h == g + 1 {
-                let (i, j, e) = runs[g];
-                read_extent(
-                    inner,
-                    e,
-                    lba + i as u64,
-                    &mut out[i * SECTOR_SIZE..j * SECTOR_SIZE],
-                    stream,
-                )?;
-            } else {
-                SPAN_BUF.with_borrow_mut(|span| -> Result<()> {
-                    span.resize((end - first) as usize, 0);
-                    read_log(inner, span, first, stream)?;
-                    for &(i, j, e) in &runs[g..h] {
-                        let at = (e.record_offset() - first) as usize;
-                        let rec = &span[at..at + e.record_len() as usize];
-                        decode_extent(
-                            inner,
-                            e,
-                            lba + i as u64,
-                            rec,
-                            &mut out[i * SECTOR_SIZE..j * SECTOR_SIZE],
-                        )?;
-                    }
-                    Ok(())
-                })?;
-            }
-            g = h;
-        }
-        Ok(false)
-    }
-
-    /// Allocation status of `[offset, offset+len)`: runs of (length, hole).
-    /// Zero sectors are holes. Stops after `max_runs` runs.
-    pub(crate) fn block_status(
-        &self,
-        offset: u64,
-        len: u64,
-        max_runs: usize,
-    ) -> Result<Vec<(u64, bool)>> {
-        self.check_range(offset, len)?;
-        let end = offset + len;
-        let mut runs: Vec<(u64, bool)> = Vec::new();
-        let mut at = offset;
-        while at < end && runs.len() < max_runs {
-            let lba = at / SECTOR;
-            // Each step looks at the map afresh: a paged-out chunk is paged
-            // in and the step taken again.
-            let (mapped, next) = self.with_map(|st| {
-                let mapped = st.map.get(lba)?.is_mapped();
-                let next = if mapped {
-                    let mut l = lba + 1;
-                    while l * SECTOR < end && st.map.get(l)?.is_mapped() {
-                        l += 1;
-                    }
-                    l * SECTOR
-                } else {
-                    let limit = end.div_ceil(SECTOR);
-                    st.map.next_mapped(lba, limit)?.unwrap_or(limit) * SECTOR
-                };
-                Ok((mapped, next))
+                Ok(())
             })?;
-            let next = next.min(end);
-            match runs.last_mut() {
-                Some((l, h)) if *h != mapped => *l += next - at,
-                _ => runs.push((next - at, !mapped)),
-            }
-            at = next;
         }
-        Ok(runs)
+        g = h;
     }
+    Ok(false)
+}
+
+/// Allocation status of `[offset, offset+len)`: runs of (length, hole).
+/// Zero sectors are holes. Stops after `max_runs` runs.
+pub(crate) fn block_status(
+    inner: &Inner,
+    offset: u64,
+    len: u64,
+    max_runs: usize,
+) -> Result<Vec<(u64, bool)>> {
+    inner.check_range(offset, len)?;
+    let end = offset + len;
+    let mut runs: Vec<(u64, bool)> = Vec::new();
+    let mut at = offset;
+    while at < end && runs.len() < max_runs {
+        let lba = at / SECTOR;
+        // Each step looks at the map afresh: a paged-out chunk is paged
+        // in and the step taken again.
+        let (mapped, next) = pager::with_map(inner, |st| {
+            let mapped = st.map.get(lba)?.is_mapped();
+            let next = if mapped {
+                let mut l = lba + 1;
+                while l * SECTOR < end && st.map.get(l)?.is_mapped() {
+                    l += 1;
+                }
+                l * SECTOR
+            } else {
+                let limit = end.div_ceil(SECTOR);
+                st.map.next_mapped(lba, limit)?.unwrap_or(limit) * SECTOR
+            };
+            Ok((mapped, next))
+        })?;
+        let next = next.min(end);
+        match runs.last_mut() {
+            Some((l, h)) if *h != mapped => *l += next - at,
+            _ => runs.push((next - at, !mapped)),
+        }
+        at = next;
+    }
+    Ok(runs)
 }

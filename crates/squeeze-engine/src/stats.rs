@@ -5,6 +5,7 @@
 use crate::append::Room;
 use crate::counters::{Counter, Counters};
 use crate::meta::checkpoint;
+use crate::meta::pager;
 use crate::state::Inner;
 use squeeze_format::{CodecId, DATA_START, SECTOR_SIZE};
 
@@ -292,11 +293,8 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         write_algorithm,
         write_algorithm_why,
         cpu_busy,
-        garbage_bytes: crate::space::cleaner::garbage(inner).0,
-        garbage_budget: crate::space::cleaner::budget(
-            inner,
-            crate::space::cleaner::garbage(inner).1,
-        ),
+        garbage_bytes: crate::space::victim::garbage(inner).0,
+        garbage_budget: crate::space::victim::budget(inner, crate::space::victim::garbage(inner).1),
         segment_size: inner.seg_size,
         map_memory_bytes: map_mem,
         map_bytes_per_mapped_sector: if mapped == 0 {
@@ -304,7 +302,7 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         } else {
             map_mem as f64 / mapped as f64
         },
-        map_cache_bytes: inner.map_cache(),
+        map_cache_bytes: pager::map_cache(inner),
         map_chunks: chunks,
         map_paged_chunks: paged,
         map_faults: c.get(Counter::MapFaults),

@@ -29,18 +29,20 @@ use crate::error::{EngineError, Result};
 use crate::locks::{RangeLocks, Tickets};
 use crate::map::SectorMap;
 use crate::meta::flush_marks::{self, Synced};
-use crate::meta::{checkpoint, recovery, superblock as sbio};
+use crate::meta::{checkpoint, pager, recovery, superblock as sbio};
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Zeros;
 use crate::space::ahead::ALLOC_STEP;
-use crate::space::cleaner::CleanReport;
 use crate::space::merge::MergeReport;
+use crate::space::relocate::CleanReport;
 use crate::space::{SegState, SegmentId, SegmentTable, Usage};
-use crate::state::{
-    max_segments, segment_of, CheckpointHistory, Inner, LogState, MapState, OpenReport,
-};
+use crate::state::history::{CheckpointHistory, OpenReport};
+use crate::state::log_state::{max_segments, segment_of, LogState};
+use crate::state::map_state::MapState;
+use crate::state::Inner;
 use crate::stats::{Space, VolumeStats};
 use crate::storage::Storage;
+use crate::{read, write};
 use parking_lot::{Condvar, Mutex, RwLock};
 use squeeze_codec::CompressEngine;
 use squeeze_format::{
@@ -256,7 +258,7 @@ impl Volume {
             Self::settle_after_open(&vol, needs_checkpoint, rec.replayed, rec.replay_end)?;
         }
         // Recovery read the whole map: down to its cache.
-        vol.inner.trim_map();
+        pager::trim_map(&vol.inner);
         let report = OpenReport {
             duration: started.elapsed(),
             replayed: rec.replayed,
@@ -428,7 +430,7 @@ impl Volume {
         self.inner
             .map_cache
             .store(bytes, std::sync::atomic::Ordering::Relaxed);
-        self.inner.trim_map();
+        pager::trim_map(&self.inner);
     }
 
     /// Logical size in bytes.
@@ -533,9 +535,7 @@ impl Volume {
         // The tail given up (or added): no write runs there meanwhile.
         let _range = self.inner.ranges.lock(first, last);
         if new_size < old {
-            let mapped = self
-                .inner
-                .with_map(|st| st.map.next_mapped(first, u64::MAX))?;
+            let mapped = pager::with_map(&self.inner, |st| st.map.next_mapped(first, u64::MAX))?;
             if let Some(lba) = mapped {
                 return Err(EngineError::Invalid(format!(
                     "cannot shrink to {new_size} bytes: byte {} and perhaps more past it \
@@ -585,14 +585,14 @@ impl Volume {
 
     /// Reads `buf.len()` bytes at byte `offset`.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.inner.read(offset, buf).map(|_| ())
+        read::read(&self.inner, offset, buf).map(|_| ())
     }
 
     /// [`Volume::read`], also telling whether the whole range is a hole
     /// (unmapped: never written, trimmed or zeroed), from the one map walk
     /// the read makes.
     pub fn read_or_hole(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
-        self.inner.read(offset, buf)
+        read::read(&self.inner, offset, buf)
     }
 
     /// Writes `data` at byte `offset`; with `fua`, durable on return.
@@ -603,8 +603,7 @@ impl Volume {
     /// Writes with a compressibility hint (the embedding API's way to
     /// drive passive and aggressive modes).
     pub fn write_hinted(&self, offset: u64, data: &[u8], fua: bool, hint: Hint) -> Result<()> {
-        self.inner
-            .write_from(offset, data, None, fua, hint, Zeros::Hole)
+        write::write_from(&self.inner, offset, data, None, fua, hint, Zeros::Hole)
     }
 
     /// Writes the bytes `range` of a shared buffer at byte `offset`, as
@@ -624,7 +623,8 @@ impl Volume {
                 data.len()
             )));
         };
-        self.inner.write_from(
+        write::write_from(
+            &self.inner,
             offset,
             buf,
             Some((data, range.start)),
@@ -637,24 +637,24 @@ impl Volume {
     /// Trims `[offset, offset+len)`: whole sectors inside it are unmapped
     /// (read as zeros, take no space); partial sectors are zeroed in place.
     pub fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.inner.zero_range(offset, len, fua)
+        write::zero_range(&self.inner, offset, len, fua)
     }
 
     /// Writes zeros over `[offset, offset+len)`; whole sectors become holes.
     pub fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.inner.zero_range(offset, len, fua)
+        write::zero_range(&self.inner, offset, len, fua)
     }
 
     /// Writes zeros over `[offset, offset+len)` that stay provisioned: stored
     /// as (compressed) data rather than holes, so [`Volume::block_status`]
     /// reports the range allocated (NBD's WRITE_ZEROES with NO_HOLE).
     pub fn write_zeroes_no_hole(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.inner.provision_zeroes(offset, len, fua)
+        write::provision_zeroes(&self.inner, offset, len, fua)
     }
 
     /// Makes every write acknowledged before this call durable.
     pub fn flush(&self) -> Result<()> {
-        self.inner.client_flush()
+        write::client_flush(&self.inner)
     }
 
     /// Runs one bounded cleaner pass (at most one victim segment) if there
@@ -670,7 +670,7 @@ impl Volume {
     /// segment. None when no segment is known to hold such bytes.
     pub fn upgrade_pass(&self) -> Result<Option<CleanReport>> {
         self.inner.writable()?;
-        crate::space::cleaner::upgrade_pass(&self.inner)
+        crate::space::upgrade::upgrade_pass(&self.inner)
     }
 
     /// Rewrites every fragmented window (scattered small records) as whole
@@ -688,7 +688,7 @@ impl Volume {
     /// then checkpoints so the victims are freed and punched out. `progress(done, total)` victims.
     pub fn compact(&self, progress: impl FnMut(u64, u64)) -> Result<CleanReport> {
         self.inner.writable()?;
-        crate::space::cleaner::compact(&self.inner, progress)
+        crate::space::upgrade::compact(&self.inner, progress)
     }
 
     /// Writes a checkpoint now (frees segments whose data is all dead).
@@ -700,7 +700,7 @@ impl Volume {
     /// Allocation status of `[offset, offset+len)`: runs of (length, hole).
     /// Zero sectors are holes. Stops after `max_runs` runs.
     pub fn block_status(&self, offset: u64, len: u64, max_runs: usize) -> Result<Vec<(u64, bool)>> {
-        self.inner.block_status(offset, len, max_runs)
+        read::block_status(&self.inner, offset, len, max_runs)
     }
 
     /// A point-in-time view of the counters and space.
@@ -755,7 +755,7 @@ impl Volume {
     pub fn verify_accounting(&self) -> Result<(), String> {
         let mut u = Usage::default();
         let st = self.inner.state.read();
-        crate::meta::pager::for_each_chunk_locked(&self.inner, &st, |_, entries| {
+        pager::for_each_chunk_locked(&self.inner, &st, |_, entries| {
             for &(_, e) in entries {
                 u.add(segment_of(e.record_offset(), self.inner.seg_size), e);
             }
@@ -773,7 +773,7 @@ impl Volume {
             return Err("total live bytes differ".into());
         }
         drop(st);
-        crate::meta::pager::verify_pages(&self.inner)?;
+        pager::verify_pages(&self.inner)?;
         Ok(())
     }
 }

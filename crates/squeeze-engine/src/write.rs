@@ -2,13 +2,14 @@
 //! pipeline (split, policy, compress) in batches -> log append; trims and
 //! zero writes append zero records; FUA flushes before the reply.
 
-use crate::append::Room;
+use crate::append::{self, Room};
 use crate::counters::Counter;
 use crate::error::Result;
 use crate::pipeline::compress::{encode, Item};
 use crate::pipeline::policy::Hint;
 use crate::pipeline::split::{split, Piece, Zeros};
-use crate::space::cleaner::append_making_room;
+use crate::read;
+use crate::space::make_room::append_making_room;
 use crate::state::Inner;
 use squeeze_format::SECTOR_SIZE;
 use std::sync::Arc;
@@ -18,175 +19,193 @@ const SECTOR: u64 = SECTOR_SIZE as u64;
 /// a single request pins while it is compressed).
 pub const BATCH_BYTES_MAX: usize = 4 << 20;
 
-impl Inner {
-    pub(crate) fn write_from(
-        &self,
-        offset: u64,
-        data: &[u8],
-        shared: Option<(&Arc<Vec<u8>>, usize)>,
-        fua: bool,
-        hint: Hint,
-        zeros: Zeros,
-    ) -> Result<()> {
-        self.check_range(offset, data.len() as u64)?;
-        self.writable()?;
-        if data.is_empty() {
-            return if fua { self.client_flush() } else { Ok(()) };
-        }
-        let first = offset / SECTOR;
-        let last = (offset + data.len() as u64).div_ceil(SECTOR);
-        let _range = self.ranges.lock(first, last);
-        // A resize may have given up this range while we waited for it.
-        self.check_range(offset, data.len() as u64)?;
-        if offset.is_multiple_of(SECTOR) && data.len().is_multiple_of(SECTOR_SIZE) {
-            self.write_sectors(first, data, shared, hint, zeros)?;
-        } else {
-            // Read-modify-write of the partial head and tail sectors.
-            let mut tmp = vec![0u8; ((last - first) * SECTOR) as usize];
-            let head_partial = !offset.is_multiple_of(SECTOR);
-            let tail_partial = !(offset + data.len() as u64).is_multiple_of(SECTOR);
-            // Only the partial edge sectors are read (a single sector once).
-            if head_partial {
-                self.read_sectors(first, &mut tmp[..SECTOR_SIZE])?;
-            }
-            if tail_partial && (last - first > 1 || !head_partial) {
-                let t = tmp.len() - SECTOR_SIZE;
-                self.read_sectors(last - 1, &mut tmp[t..])?;
-            }
-            let skip = (offset - first * SECTOR) as usize;
-            tmp[skip..skip + data.len()].copy_from_slice(data);
-            self.write_sectors(first, &tmp, None, hint, zeros)?;
-        }
-        self.counters.add(Counter::BytesWritten, data.len() as u64);
-        if fua {
-            self.client_flush()?;
-        }
-        Ok(())
+pub(crate) fn write_from(
+    inner: &Inner,
+    offset: u64,
+    data: &[u8],
+    shared: Option<(&Arc<Vec<u8>>, usize)>,
+    fua: bool,
+    hint: Hint,
+    zeros: Zeros,
+) -> Result<()> {
+    inner.check_range(offset, data.len() as u64)?;
+    inner.writable()?;
+    if data.is_empty() {
+        return if fua { client_flush(inner) } else { Ok(()) };
     }
+    let first = offset / SECTOR;
+    let last = (offset + data.len() as u64).div_ceil(SECTOR);
+    let _range = inner.ranges.lock(first, last);
+    // A resize may have given up this range while we waited for it.
+    inner.check_range(offset, data.len() as u64)?;
+    if offset.is_multiple_of(SECTOR) && data.len().is_multiple_of(SECTOR_SIZE) {
+        write_sectors(inner, first, data, shared, hint, zeros)?;
+    } else {
+        // Read-modify-write of the partial head and tail sectors.
+        let mut tmp = vec![0u8; ((last - first) * SECTOR) as usize];
+        let head_partial = !offset.is_multiple_of(SECTOR);
+        let tail_partial = !(offset + data.len() as u64).is_multiple_of(SECTOR);
+        // Only the partial edge sectors are read (a single sector once).
+        if head_partial {
+            read::read_sectors(inner, first, &mut tmp[..SECTOR_SIZE])?;
+        }
+        if tail_partial && (last - first > 1 || !head_partial) {
+            let t = tmp.len() - SECTOR_SIZE;
+            read::read_sectors(inner, last - 1, &mut tmp[t..])?;
+        }
+        let skip = (offset - first * SECTOR) as usize;
+        tmp[skip..skip + data.len()].copy_from_slice(data);
+        write_sectors(inner, first, &tmp, None, hint, zeros)?;
+    }
+    inner.counters.add(Counter::BytesWritten, data.len() as u64);
+    if fua {
+        client_flush(inner)?;
+    }
+    Ok(())
+}
 
-    /// `data` is whole sectors from `lba`; `shared` as in [`encode`].
-    fn write_sectors(
-        &self,
-        lba: u64,
-        data: &[u8],
-        shared: Option<(&Arc<Vec<u8>>, usize)>,
-        hint: Hint,
-        zeros: Zeros,
-    ) -> Result<()> {
-        let policy = self.policy.read().clone();
-        let max_blob = policy.max_blob_sectors();
-        let batch =
-            BATCH_BYTES_MAX / policy.policy.max_blob as usize * policy.policy.max_blob as usize;
-        for (k, chunk) in data.chunks(batch).enumerate() {
-            let at = lba + (k * batch / SECTOR_SIZE) as u64;
-            let pieces = atomic_split(chunk, at, max_blob, zeros);
-            let zero_sectors: u64 = pieces
-                .iter()
-                .map(|p| match p {
-                    Piece::Zero { sectors, .. } => *sectors,
-                    _ => 0,
-                })
-                .sum();
-            self.counters.add(Counter::ZeroSectorsWritten, zero_sectors);
-            let shared = shared.map(|(a, base)| (a, base + k * batch));
-            let written = self.counters.get(Counter::BytesWritten);
-            let alg = policy.write_algorithm(&*self.engine, written);
-            let (items, cpu_ns) = encode(&*self.engine, &policy, alg, hint, chunk, shared, &pieces);
-            self.counters.add(Counter::CompressNs, cpu_ns);
-            append_making_room(self, &items, chunk, Room::Data)?;
-        }
-        Ok(())
+/// `data` is whole sectors from `lba`; `shared` as in [`encode`].
+fn write_sectors(
+    inner: &Inner,
+    lba: u64,
+    data: &[u8],
+    shared: Option<(&Arc<Vec<u8>>, usize)>,
+    hint: Hint,
+    zeros: Zeros,
+) -> Result<()> {
+    let policy = inner.policy.read().clone();
+    let max_blob = policy.max_blob_sectors();
+    let batch = BATCH_BYTES_MAX / policy.policy.max_blob as usize * policy.policy.max_blob as usize;
+    for (k, chunk) in data.chunks(batch).enumerate() {
+        let at = lba + (k * batch / SECTOR_SIZE) as u64;
+        let pieces = atomic_split(chunk, at, max_blob, zeros);
+        let zero_sectors: u64 = pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Zero { sectors, .. } => *sectors,
+                _ => 0,
+            })
+            .sum();
+        inner
+            .counters
+            .add(Counter::ZeroSectorsWritten, zero_sectors);
+        let shared = shared.map(|(a, base)| (a, base + k * batch));
+        let written = inner.counters.get(Counter::BytesWritten);
+        let alg = policy.write_algorithm(&*inner.engine, written);
+        let (items, cpu_ns) = encode(&*inner.engine, &policy, alg, hint, chunk, shared, &pieces);
+        inner.counters.add(Counter::CompressNs, cpu_ns);
+        append_making_room(inner, &items, chunk, Room::Data)?;
     }
+    Ok(())
+}
 
-    pub(crate) fn zero_range(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.check_range(offset, len)?;
-        self.writable()?;
-        let end = offset + len;
-        let first_full = offset.div_ceil(SECTOR);
-        let last_full = end / SECTOR;
-        // Partial sectors at either edge: write zeros through the data path.
-        if first_full > last_full {
-            return self.write_from(
-                offset,
-                &vec![0u8; len as usize],
-                None,
-                fua,
-                Hint::None,
-                Zeros::Hole,
-            );
-        }
-        if offset < first_full * SECTOR {
-            let n = (first_full * SECTOR - offset) as usize;
-            self.write_from(offset, &vec![0u8; n], None, false, Hint::None, Zeros::Hole)?;
-        }
-        if end > last_full * SECTOR {
-            let n = (end - last_full * SECTOR) as usize;
-            self.write_from(
-                last_full * SECTOR,
-                &vec![0u8; n],
-                None,
-                false,
-                Hint::None,
-                Zeros::Hole,
-            )?;
-        }
-        if last_full > first_full {
-            let _range = self.ranges.lock(first_full, last_full);
-            self.check_range(offset, len)?;
-            let mut items = Vec::new();
-            let mut lba = first_full;
-            while lba < last_full {
-                let n = (last_full - lba).min(u64::from(u32::MAX));
-                items.push(Item::Zero { lba, sectors: n });
-                lba += n;
-            }
-            append_making_room(self, &items, &[], Room::Reserve)?;
-            self.counters
-                .add(Counter::SectorsTrimmed, last_full - first_full);
-        }
-        if fua {
-            self.client_flush()?;
-        }
-        Ok(())
+pub(crate) fn zero_range(inner: &Inner, offset: u64, len: u64, fua: bool) -> Result<()> {
+    inner.check_range(offset, len)?;
+    inner.writable()?;
+    let end = offset + len;
+    let first_full = offset.div_ceil(SECTOR);
+    let last_full = end / SECTOR;
+    // Partial sectors at either edge: write zeros through the data path.
+    if first_full > last_full {
+        return write_from(
+            inner,
+            offset,
+            &vec![0u8; len as usize],
+            None,
+            fua,
+            Hint::None,
+            Zeros::Hole,
+        );
     }
+    if offset < first_full * SECTOR {
+        let n = (first_full * SECTOR - offset) as usize;
+        write_from(
+            inner,
+            offset,
+            &vec![0u8; n],
+            None,
+            false,
+            Hint::None,
+            Zeros::Hole,
+        )?;
+    }
+    if end > last_full * SECTOR {
+        let n = (end - last_full * SECTOR) as usize;
+        write_from(
+            inner,
+            last_full * SECTOR,
+            &vec![0u8; n],
+            None,
+            false,
+            Hint::None,
+            Zeros::Hole,
+        )?;
+    }
+    if last_full > first_full {
+        let _range = inner.ranges.lock(first_full, last_full);
+        inner.check_range(offset, len)?;
+        let mut items = Vec::new();
+        let mut lba = first_full;
+        while lba < last_full {
+            let n = (last_full - lba).min(u64::from(u32::MAX));
+            items.push(Item::Zero { lba, sectors: n });
+            lba += n;
+        }
+        append_making_room(inner, &items, &[], Room::Reserve)?;
+        inner
+            .counters
+            .add(Counter::SectorsTrimmed, last_full - first_full);
+    }
+    if fua {
+        client_flush(inner)?;
+    }
+    Ok(())
+}
 
-    /// Writes zeros over `[offset, offset+len)` as stored data, not holes
-    /// (NBD_CMD_FLAG_NO_HOLE): the range stays mapped, so block status
-    /// reports it allocated. Zeros compress to almost nothing with any
-    /// codec; with mode none they cost their full size.
-    pub(crate) fn provision_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        static ZEROS: [u8; BATCH_BYTES_MAX] = [0; BATCH_BYTES_MAX];
-        self.check_range(offset, len)?;
-        self.writable()?;
-        let end = offset + len;
-        let mut at = offset;
-        while at < end {
-            // Batches end on multiples of the batch size (whole sectors).
-            let next = ((at / BATCH_BYTES_MAX as u64 + 1) * BATCH_BYTES_MAX as u64).min(end);
-            let n = (next - at) as usize;
-            self.write_from(at, &ZEROS[..n], None, false, Hint::None, Zeros::Store)?;
-            at = next;
-        }
-        if fua {
-            self.client_flush()?;
-        }
-        Ok(())
+/// Writes zeros over `[offset, offset+len)` as stored data, not holes
+/// (NBD_CMD_FLAG_NO_HOLE): the range stays mapped, so block status
+/// reports it allocated. Zeros compress to almost nothing with any
+/// codec; with mode none they cost their full size.
+pub(crate) fn provision_zeroes(inner: &Inner, offset: u64, len: u64, fua: bool) -> Result<()> {
+    static ZEROS: [u8; BATCH_BYTES_MAX] = [0; BATCH_BYTES_MAX];
+    inner.check_range(offset, len)?;
+    inner.writable()?;
+    let end = offset + len;
+    let mut at = offset;
+    while at < end {
+        // Batches end on multiples of the batch size (whole sectors).
+        let next = ((at / BATCH_BYTES_MAX as u64 + 1) * BATCH_BYTES_MAX as u64).min(end);
+        let n = (next - at) as usize;
+        write_from(
+            inner,
+            at,
+            &ZEROS[..n],
+            None,
+            false,
+            Hint::None,
+            Zeros::Store,
+        )?;
+        at = next;
     }
+    if fua {
+        client_flush(inner)?;
+    }
+    Ok(())
+}
 
-    /// A client's flush: every write acknowledged before it is durable;
-    /// then the allocation ahead of the head is given back (at most once a
-    /// second).
-    pub(crate) fn client_flush(&self) -> Result<()> {
-        if self.read_only {
-            return Ok(());
-        }
-        crate::space::prewrite::before_flush(self)?;
-        self.flush()?;
-        if self.allocate_ahead {
-            crate::space::ahead::release_after_flush(self);
-        }
-        Ok(())
+/// A client's flush: every write acknowledged before it is durable;
+/// then the allocation ahead of the head is given back (at most once a
+/// second).
+pub(crate) fn client_flush(inner: &Inner) -> Result<()> {
+    if inner.read_only {
+        return Ok(());
     }
+    crate::space::prewrite::before_flush(inner)?;
+    append::flush(inner)?;
+    if inner.allocate_ahead {
+        crate::space::ahead::release_after_flush(inner);
+    }
+    Ok(())
 }
 
 /// [`split`], except that a chunk of at most `max_blob` sectors holding both

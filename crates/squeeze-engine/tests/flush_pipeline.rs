@@ -1,7 +1,7 @@
 //! Flushes racing each other, as a database's committing clients make them:
 //! several threads each write a few KiB and flush, over and over, so one
 //! flush writes out its group while another's fdatasync runs (the pipelined
-//! flush, `Inner::flush`), and every flush is small enough to pre-write the
+//! flush, `append::flush`), and every flush is small enough to pre-write the
 //! log past its head (`space::prewrite`). A power cut is taken while they
 //! run; after recovery every write whose flush had returned is there (or a
 //! later version of the same sectors), and no sector holds bytes nobody

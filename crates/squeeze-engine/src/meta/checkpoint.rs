@@ -33,10 +33,13 @@
 use crate::chain_index::{ChainIndex, IndexBuilder, PieceIndex};
 use crate::counters::{Counter, COUNTERS};
 use crate::error::{EngineError, Result};
+use crate::meta::pager;
 use crate::meta::superblock as sbio;
 use crate::space::Usage;
 use crate::space::{SegState, SegmentId};
-use crate::state::{Inner, LogState, MapState};
+use crate::state::log_state::LogState;
+use crate::state::map_state::MapState;
+use crate::state::Inner;
 use squeeze_format::checkpoint::SegmentNote;
 use squeeze_format::checkpoint::{piece_len, runs_offset};
 use squeeze_format::superblock::CHAIN_VERSION;
@@ -117,7 +120,7 @@ pub fn write(inner: &Inner, clean: bool) -> Result<()> {
 /// [`REBASE_FACTOR`] bases of them wait for the next rebase); a base now,
 /// and any checkpoint after it, leave one piece of the map as it is.
 pub fn write_base_if_room(inner: &Inner) -> Result<()> {
-    let needed = segments_needed(inner, 0) + crate::space::cleaner::TIGHT_SEGMENTS;
+    let needed = segments_needed(inner, 0) + crate::space::gc_policy::TIGHT_SEGMENTS;
     let room = inner.log.lock().table.available() >= needed;
     write_piece(inner, false, room)
 }
@@ -149,7 +152,7 @@ fn write_piece(inner: &Inner, clean: bool, force_base: bool) -> Result<()> {
         inner.ckpt_history.lock().need_base = true;
         // Chunks spread over too many pieces go whole into this one only
         // when the map pages.
-        let pressed = st.map.memory_bytes() > inner.map_cache();
+        let pressed = st.map.memory_bytes() > pager::map_cache(inner);
         st.map.freeze(pressed);
         let counters = inner.counters.snapshot();
         let notes = st.usage.below_target_notes();
@@ -263,7 +266,7 @@ fn write_piece(inner: &Inner, clean: bool, force_base: bool) -> Result<()> {
                 st.map.note_base();
             }
         }
-        inner.page_out(st);
+        pager::page_out(inner, st);
     }
     inner
         .counters
@@ -464,7 +467,7 @@ fn stream_piece(
         }
         None => st.map.for_each_run(
             |c, pieces| match &st.chain {
-                Some(chain) => inner.read_back(chain, c, pieces),
+                Some(chain) => pager::read_back_chunk(inner, chain, c, pieces),
                 None => Err(inner.internal(format!("map chunk {c} is paged out without a chain"))),
             },
             &mut put,

@@ -23,7 +23,8 @@ use crate::counters::Counter;
 use crate::error::{EngineError, Result};
 use crate::map::{LoadedChunk, Paged};
 use crate::space::SegmentId;
-use crate::state::{Inner, MapState};
+use crate::state::map_state::MapState;
+use crate::state::Inner;
 use crate::storage::Storage;
 use parking_lot::RwLockWriteGuard;
 use squeeze_format::{segment_offset, FormatError, CHUNK_ENTRIES};
@@ -116,7 +117,7 @@ pub(crate) fn read_back(
 }
 
 /// Pages a map in and out of its chain: at run time for a volume
-/// (`Inner::pager`), and while recovery loads the map, before there is one.
+/// (`paging`), and while recovery loads the map, before there is one.
 pub(crate) struct Pager<'a> {
     pub src: ChainBytes<'a>,
     /// Bytes of RAM the map may use.
@@ -192,96 +193,94 @@ impl<'a> Pager<'a> {
     }
 }
 
-impl Inner {
-    /// Bytes of RAM the map may use.
-    pub(crate) fn map_cache(&self) -> u64 {
-        self.map_cache.load(Ordering::Relaxed)
-    }
+/// Bytes of RAM the map may use.
+pub(crate) fn map_cache(inner: &Inner) -> u64 {
+    inner.map_cache.load(Ordering::Relaxed)
+}
 
-    fn chain_bytes(&self) -> ChainBytes<'_> {
-        ChainBytes {
-            storage: &*self.storage,
-            seg_size: self.seg_size,
-        }
+fn chain_bytes(inner: &Inner) -> ChainBytes<'_> {
+    ChainBytes {
+        storage: &*inner.storage,
+        seg_size: inner.seg_size,
     }
+}
 
-    /// Runs `f` with a pager of this volume's map, then counts what it
-    /// paged; any error turns the volume read-only (the chain is the
-    /// volume's metadata).
-    fn paging<T>(&self, f: impl FnOnce(&mut Pager) -> Result<T>) -> Result<T> {
-        let mut p = Pager::new(self.chain_bytes(), self.map_cache());
-        let r = f(&mut p);
-        self.counters.add(Counter::MapFaults, p.faults);
-        self.counters.add(Counter::MapEvictions, p.evictions);
-        r.inspect_err(|e| self.poison(e))
-    }
+/// Runs `f` with a pager of this volume's map, then counts what it
+/// paged; any error turns the volume read-only (the chain is the
+/// volume's metadata).
+fn paging<T>(inner: &Inner, f: impl FnOnce(&mut Pager) -> Result<T>) -> Result<T> {
+    let mut p = Pager::new(chain_bytes(inner), map_cache(inner));
+    let r = f(&mut p);
+    inner.counters.add(Counter::MapFaults, p.faults);
+    inner.counters.add(Counter::MapEvictions, p.evictions);
+    r.inspect_err(|e| inner.poison(e))
+}
 
-    /// `read_back` from this volume's chain.
-    pub(crate) fn read_back(
-        &self,
-        chain: &ChainIndex,
-        c: u64,
-        pieces: &[u16],
-    ) -> Result<LoadedChunk> {
-        read_back(self.chain_bytes(), chain, c, pieces).inspect_err(|e| self.poison(e))
-    }
+/// `read_back` from this volume's chain.
+pub(crate) fn read_back_chunk(
+    inner: &Inner,
+    chain: &ChainIndex,
+    c: u64,
+    pieces: &[u16],
+) -> Result<LoadedChunk> {
+    read_back(chain_bytes(inner), chain, c, pieces).inspect_err(|e| inner.poison(e))
+}
 
-    /// Pages chunk `c` in (nothing when it is not paged out), under the
-    /// caller's write lock; makes room first.
-    pub(crate) fn page_in(&self, st: &mut MapState, c: u64) -> Result<()> {
-        self.paging(|p| p.page_in(st, c))
-    }
+/// Pages chunk `c` in (nothing when it is not paged out), under the
+/// caller's write lock; makes room first.
+pub(crate) fn page_in(inner: &Inner, st: &mut MapState, c: u64) -> Result<()> {
+    paging(inner, |p| p.page_in(st, c))
+}
 
-    /// Runs `f` on the state under the read lock, paging in each chunk it
-    /// meets paged out and running it again.
-    pub(crate) fn with_map<T>(
-        &self,
-        mut f: impl FnMut(&MapState) -> Result<T, Paged>,
-    ) -> Result<T> {
-        let mut st = self.state.read();
-        loop {
-            match f(&st) {
-                Ok(v) => return Ok(v),
-                Err(Paged(c)) => {
-                    drop(st);
-                    let mut w = self.state.write();
-                    self.page_in(&mut w, c)?;
-                    st = RwLockWriteGuard::downgrade(w);
-                }
+/// Runs `f` on the state under the read lock, paging in each chunk it
+/// meets paged out and running it again.
+pub(crate) fn with_map<T>(
+    inner: &Inner,
+    mut f: impl FnMut(&MapState) -> Result<T, Paged>,
+) -> Result<T> {
+    let mut st = inner.state.read();
+    loop {
+        match f(&st) {
+            Ok(v) => return Ok(v),
+            Err(Paged(c)) => {
+                drop(st);
+                let mut w = inner.state.write();
+                page_in(inner, &mut w, c)?;
+                st = RwLockWriteGuard::downgrade(w);
             }
         }
     }
+}
 
-    /// `with_map` for a caller that holds the write lock.
-    pub(crate) fn with_map_mut<T>(
-        &self,
-        st: &mut MapState,
-        f: impl FnMut(&mut MapState) -> Result<T, Paged>,
-    ) -> Result<T> {
-        self.paging(|p| p.with_map_mut(st, f))
-    }
+/// `with_map` for a caller that holds the write lock.
+pub(crate) fn with_map_mut<T>(
+    inner: &Inner,
+    st: &mut MapState,
+    f: impl FnMut(&mut MapState) -> Result<T, Paged>,
+) -> Result<T> {
+    paging(inner, |p| p.with_map_mut(st, f))
+}
 
-    /// Pages chunks out until the map fits its cache (or nothing more can
-    /// go), under the caller's write lock.
-    pub(crate) fn page_out(&self, st: &mut MapState) {
-        let _ = self.paging(|p| {
-            p.page_out(st);
-            Ok(())
-        });
-    }
+/// Pages chunks out until the map fits its cache (or nothing more can
+/// go), under the caller's write lock.
+pub(crate) fn page_out(inner: &Inner, st: &mut MapState) {
+    let _ = paging(inner, |p| {
+        p.page_out(st);
+        Ok(())
+    });
+}
 
-    /// `page_out` under the state's write lock (after an open, and when the
-    /// cache is set).
-    pub(crate) fn trim_map(&self) {
-        if self.state.read().map.memory_bytes() > self.map_cache() {
-            self.page_out(&mut self.state.write());
-        }
+/// `page_out` under the state's write lock (after an open, and when the
+/// cache is set).
+pub(crate) fn trim_map(inner: &Inner) {
+    if inner.state.read().map.memory_bytes() > map_cache(inner) {
+        page_out(inner, &mut inner.state.write());
     }
+}
 
-    /// True when the map uses more RAM than its cache.
-    pub(crate) fn map_over_cache(&self) -> bool {
-        self.state.read().map.memory_bytes() > self.map_cache()
-    }
+/// True when the map uses more RAM than its cache.
+pub(crate) fn map_over_cache(inner: &Inner) -> bool {
+    inner.state.read().map.memory_bytes() > map_cache(inner)
 }
 
 /// The mapped entries of chunk `c`, resident or read back from the chain
@@ -296,7 +295,7 @@ fn entries_of(
             .map
             .chunk_entries(c)
             .map_err(|p| inner.internal(format!("map chunk {} paged out twice", p.0))),
-        (Some(pieces), Some(chain)) => Ok(inner.read_back(chain, c, &pieces)?.entries()),
+        (Some(pieces), Some(chain)) => Ok(read_back_chunk(inner, chain, c, &pieces)?.entries()),
         (Some(_), None) => {
             Err(inner.internal(format!("map chunk {c} is paged out without a chain")))
         }
@@ -347,9 +346,7 @@ pub(crate) fn verify_pages(inner: &Inner) -> std::result::Result<(), String> {
         return Ok(());
     };
     for (c, pieces) in st.map.clean_chunks() {
-        let back = inner
-            .read_back(chain, c, &pieces)
-            .map_err(|e| e.to_string())?;
+        let back = read_back_chunk(inner, chain, c, &pieces).map_err(|e| e.to_string())?;
         let here = st
             .map
             .chunk_entries(c)

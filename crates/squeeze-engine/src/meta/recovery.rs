@@ -30,7 +30,9 @@ use crate::error::Result;
 use crate::meta::load::{bad_checkpoint, load, ChainShape, Loaded};
 use crate::meta::pager::{ChainBytes, Pager};
 use crate::space::{SegState, SegmentId, SegmentTable};
-use crate::state::{head_segment_of, max_segments, segment_of, Inner, LogState, MapState};
+use crate::state::log_state::{head_segment_of, max_segments, segment_of, LogState};
+use crate::state::map_state::MapState;
+use crate::state::Inner;
 use crate::storage::Storage;
 use squeeze_format::{
     record::verify_payload, FlushMark, RecordHeader, RecordKind, RecordScan, Stride, Superblock,

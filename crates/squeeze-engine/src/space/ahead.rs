@@ -46,10 +46,13 @@
 //! - `release` punches only at or after the head, inside the head segment
 //!   (`LogState::head_in_segment`, checked: a broken one turns the volume
 //!   read-only instead of punching).
+//!
+//! The mailbox the thread takes its requests from is a part of `Inner`
+//! (`state::ahead_mailbox`); this module is the thread and the release.
 
-use super::SegmentId;
-use crate::state::{Inner, LogState};
-use parking_lot::{Condvar, Mutex};
+use crate::state::ahead_mailbox::Request;
+use crate::state::log_state::LogState;
+use crate::state::Inner;
 
 /// Granularity of backing-file allocation inside a log segment.
 pub const ALLOC_STEP: u64 = 1 << 20;
@@ -63,55 +66,6 @@ const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A flush gives back the allocation ahead at most this often.
 pub const RELEASE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// One allocation for the thread: `[from, to)` in `segment`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Request {
-    pub segment: SegmentId,
-    pub from: u64,
-    pub to: u64,
-}
-
-#[derive(Default)]
-struct Slot {
-    next: Option<Request>,
-    stop: bool,
-}
-
-/// The mailbox between `reserve` and the allocator thread.
-#[derive(Default)]
-pub struct Ahead {
-    slot: Mutex<Slot>,
-    cv: Condvar,
-    /// When a flush last gave the allocation back.
-    released_at: Mutex<Option<std::time::Instant>>,
-}
-
-impl Ahead {
-    fn post(&self, r: Request) {
-        self.slot.lock().next = Some(r);
-        self.cv.notify_one();
-    }
-
-    /// Ends the thread after the allocation it is doing.
-    pub fn stop(&self) {
-        self.slot.lock().stop = true;
-        self.cv.notify_one();
-    }
-
-    fn next(&self) -> Option<Request> {
-        let mut s = self.slot.lock();
-        loop {
-            if s.stop {
-                return None;
-            }
-            if let Some(r) = s.next.take() {
-                return Some(r);
-            }
-            self.cv.wait(&mut s);
-        }
-    }
-}
 
 /// Called by `reserve` with the log lock held, after it placed its records:
 /// posts a request if the head segment has less than half of ALLOC_AHEAD
@@ -215,12 +169,8 @@ pub(crate) fn release(inner: &Inner) -> std::io::Result<u64> {
 /// RELEASE_EVERY (a stream of flushes would otherwise punch and allocate
 /// again at every one).
 pub(crate) fn release_after_flush(inner: &Inner) {
-    {
-        let mut at = inner.ahead.released_at.lock();
-        if at.is_some_and(|t| t.elapsed() < RELEASE_EVERY) {
-            return;
-        }
-        *at = Some(std::time::Instant::now());
+    if !inner.ahead.release_due(RELEASE_EVERY) {
+        return;
     }
     if let Err(e) = release(inner) {
         // Nothing is lost (the bytes stay allocated), but a punch that fails

@@ -38,10 +38,12 @@
 use crate::append::Room;
 use crate::counters::Counter;
 use crate::error::{EngineError, Result};
+use crate::meta::pager;
 use crate::pipeline::compress::encode;
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Piece;
-use crate::space::cleaner::append_making_room;
+use crate::read;
+use crate::space::make_room::append_making_room;
 use crate::state::Inner;
 use squeeze_format::{CodecId, CompressionMode, MapEntry, SECTOR_SIZE};
 
@@ -135,7 +137,7 @@ pub(crate) fn step(inner: &Inner, cursor: &mut Cursor) -> Result<(MergeReport, b
     let total = inner.size() / SECTOR_SIZE as u64;
     let mut rep = MergeReport::default();
     let from = cursor.lba;
-    let next = inner.with_map(|st| st.map.next_mapped(from, total))?;
+    let next = pager::with_map(inner, |st| st.map.next_mapped(from, total))?;
     let Some(first) = next else {
         cursor.lba = 0;
         return Ok((rep, true));
@@ -151,11 +153,11 @@ pub(crate) fn step(inner: &Inner, cursor: &mut Cursor) -> Result<(MergeReport, b
     };
     let n = (span_end - span_start) as usize;
     let mut entries = vec![MapEntry::UNMAPPED; n];
-    inner.with_map(|st| st.map.get_range(span_start, &mut entries))?;
+    pager::with_map(inner, |st| st.map.get_range(span_start, &mut entries))?;
     if wants(&entries) {
         let _range = inner.ranges.lock(span_start, span_end);
         // Look again under the lock: clients may have written meanwhile.
-        inner.with_map(|st| st.map.get_range(span_start, &mut entries))?;
+        pager::with_map(inner, |st| st.map.get_range(span_start, &mut entries))?;
         rep = merge_span(inner, &policy, span_start, &entries)?;
     }
     cursor.merged_this_sweep += rep.windows;
@@ -200,7 +202,12 @@ fn merge_span(
             .map(|lane| {
                 sc.spawn(move || {
                     lane.into_iter()
-                        .map(|(k, out)| (k, inner.read_sectors(span_start + (k * w) as u64, out)))
+                        .map(|(k, out)| {
+                            (
+                                k,
+                                read::read_sectors(inner, span_start + (k * w) as u64, out),
+                            )
+                        })
                         .collect::<Vec<_>>()
                 })
             })

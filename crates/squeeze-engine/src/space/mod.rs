@@ -19,8 +19,13 @@
 
 pub mod ahead;
 pub mod cleaner;
+pub mod gc_policy;
+pub(crate) mod make_room;
 pub mod merge;
 pub mod prewrite;
+pub mod relocate;
+pub(crate) mod upgrade;
+pub(crate) mod victim;
 
 use squeeze_format::MapEntry;
 use std::collections::BTreeSet;

@@ -51,16 +51,6 @@ pub const PREWRITE: u64 = 512 << 10;
 // The step a pre-write stops short of the end of is whole write-behind chunks.
 const _: () = assert!(ALLOC_STEP.is_multiple_of(crate::storage::WRITE_BEHIND_CHUNK as u64));
 
-/// Where pre-writing stands: kept in `LogState`, under the log lock.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Prewritten {
-    /// The log is pre-written from the head up to here (when in the head
-    /// segment, at or past the head).
-    pub to: u64,
-    /// The head at the previous client flush.
-    pub flush_head: u64,
-}
-
 /// Called by a client flush before it syncs: pre-writes the log past the
 /// head if the flushes are small. The zeros are staged like any write; the
 /// flush's sync writes them out.

@@ -51,7 +51,7 @@ pub trait Storage: Send + Sync {
     /// store by itself) handed to the file before this call, and nothing
     /// staged in memory since. Flushes pipeline the two halves: one writes
     /// out the next group's bytes while another waits for this one's
-    /// fdatasync (`Inner::flush`).
+    /// fdatasync (`append::flush`).
     fn sync_written(&self) -> io::Result<()> {
         self.sync()
     }

@@ -1,0 +1,517 @@
+//! Relocation: the live records of one segment re-appended at the log head
+//! as Relocate records, so that the segment holds no live sector and the
+//! next checkpoint frees it. The segment is read once, `WINDOW_BYTES` at
+//! a time:
+//! - a record whose sectors are all live is copied as it is (no codec time),
+//!   unless a recompress algorithm is set, then it is recompressed with it
+//!   (zram's idea: write fast, recompress cold data that moves anyway);
+//! - a partly live record is decompressed and only its live runs are
+//!   compressed again, so dead sectors inside an extent stop costing space.
+//!
+//! The cleaner (`Rewrite::Clean`) and the upgrade to the target codec
+//! (`Rewrite::Upgrade`) both rewrite a segment here.
+//!
+//! Crash safety: relocations are ordinary log records whose replay applies
+//! only where the map still points at the old record (so a relocation never
+//! undoes a later client write); the segment is freed only by a checkpoint
+//! that no longer needs it. A crash mid-rewrite loses nothing and at most
+//! leaves the segment for the next pass.
+
+use crate::append::{self, Room};
+use crate::counters::Counter;
+use crate::error::Result;
+use crate::meta::pager;
+use crate::pipeline::compress::{encode, Item, Payload};
+use crate::pipeline::policy::{ActivePolicy, Hint};
+use crate::pipeline::split::Piece;
+use crate::space::{SegState, SegmentId};
+use crate::state::Inner;
+use squeeze_codec::Algorithm;
+use squeeze_format::{
+    record::verify_payload, CodecId, Policy, RecordScan, ScannedRecord, Stride, MAX_RECORD_BYTES,
+    RECORD_ALIGN, SECTOR_SIZE,
+};
+use std::sync::Arc;
+
+/// Relocated payload bytes per log append (bounds the memory of a pass).
+const APPEND_BYTES_MAX: usize = 512 << 10;
+/// Bytes of a victim read at a time (at most the segment): more than the
+/// largest record, so a window always holds a whole one. The cleaner's
+/// read buffer, whatever the segment size.
+const WINDOW_BYTES: usize = 512 << 10;
+const _: () = assert!(WINDOW_BYTES as u64 > 2 * MAX_RECORD_BYTES);
+
+/// How a victim's live records are rewritten.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rewrite {
+    /// Cleaning: whole live records are copied as they are (recompressed
+    /// only when a recompress algorithm of another codec is set), partly
+    /// live ones recompressed.
+    Clean,
+    /// The upgrade of bytes written below the target: every live record is
+    /// recompressed with the target (`all`: the segment is known to hold
+    /// below-target bytes, whose level the record header does not name), or
+    /// only records of a codec below the target's (`!all`: after a reopen,
+    /// from what the headers say; a segment without such a record is left
+    /// as it is). `keep_others`: the other records stay where they are (the
+    /// log's head segment, which is not freed, is upgraded where it is).
+    Upgrade { all: bool, keep_others: bool },
+}
+
+/// What cleaning did.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct CleanReport {
+    pub victims: u64,
+    pub records_moved: u64,
+    pub sectors_moved: u64,
+    /// Record bytes the relocations appended.
+    pub bytes_written: u64,
+    /// Live bytes the victims held before (what was copied, as stored).
+    pub bytes_live_before: u64,
+    pub recompressed: u64,
+    /// Records that failed their checksum and stayed where they are.
+    pub corrupt_records: u64,
+    /// Raw bytes rewritten with the target codec by the upgrade.
+    #[serde(default)]
+    pub upgraded_bytes: u64,
+    /// Partly live records whose live runs were rewritten apart: their
+    /// windows may be fragmented again (the idle merger looks once more).
+    #[serde(default)]
+    pub partial_records: u64,
+}
+
+impl CleanReport {
+    pub(crate) fn add(&mut self, o: &CleanReport) {
+        self.victims += o.victims;
+        self.records_moved += o.records_moved;
+        self.sectors_moved += o.sectors_moved;
+        self.bytes_written += o.bytes_written;
+        self.bytes_live_before += o.bytes_live_before;
+        self.recompressed += o.recompressed;
+        self.corrupt_records += o.corrupt_records;
+        self.upgraded_bytes += o.upgraded_bytes;
+        self.partial_records += o.partial_records;
+    }
+}
+
+/// A live run of a partly live record, waiting to be compressed again.
+struct Run {
+    lba: u64,
+    sectors: u32,
+    from: u64,
+    /// Where its bytes start in the pending decompressed records.
+    start: usize,
+}
+
+/// Relocates everything still live in segment `s`.
+pub(crate) fn clean_segment(inner: &Inner, s: SegmentId) -> Result<CleanReport> {
+    rewrite_segment(inner, s, Rewrite::Clean)
+}
+
+/// Relocates everything still live in segment `s`, as `mode` says.
+pub(crate) fn rewrite_segment(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<CleanReport> {
+    let t0 = std::time::Instant::now();
+    // Announce the victim before looking at it: a checkpoint freeing it from
+    // now on leaves it alone (see `Inner::cleaning`).
+    *inner.cleaning.lock() = Some(s);
+    let r = clean_segment_inner(inner, s, mode);
+    *inner.cleaning.lock() = None;
+    let ns = t0.elapsed().as_nanos() as u64;
+    match mode {
+        Rewrite::Clean => inner.counters.add(Counter::CleanerNs, ns),
+        Rewrite::Upgrade { .. } => inner.counters.add(Counter::UpgradeNs, ns),
+    }
+    if let Ok(rep) = &r {
+        inner
+            .counters
+            .add(Counter::UpgradedBytes, rep.upgraded_bytes);
+    }
+    r
+}
+
+/// Calls `f` with each record of segment `s` in log order and its offset
+/// in the backing file, reading the segment [`WINDOW_BYTES`] at a time into
+/// `buf`, until `f` answers false. The walk is that of one [`RecordScan`]
+/// over the whole segment: a window goes on from the end of the last
+/// record it yielded, or from where a record that did not end inside it
+/// may begin. False when the segment is no longer a log segment.
+fn walk_records(
+    inner: &Inner,
+    s: SegmentId,
+    buf: &mut Vec<u8>,
+    mut f: impl FnMut(ScannedRecord<'_>, u64) -> Result<bool>,
+) -> Result<bool> {
+    let seg_off = inner.segment_offset(s);
+    let seg_size = inner.seg_size as usize;
+    let window = WINDOW_BYTES.min(seg_size);
+    buf.resize(window, 0);
+    let mut pos = 0usize;
+    loop {
+        let len = window.min(seg_size - pos);
+        {
+            let _gate = inner.gate.read();
+            if !matches!(inner.log.lock().table.state(s), SegState::Log { .. }) {
+                return Ok(false);
+            }
+            inner
+                .storage
+                .read_at(&mut buf[..len], seg_off + pos as u64)?;
+        }
+        let mut last_end = 0;
+        for rec in RecordScan::new(&buf[..len], inner.uuid, Stride::Record) {
+            last_end = rec.offset + rec.header.record_len() as usize;
+            let at = seg_off + (pos + rec.offset) as u64;
+            if !f(rec, at)? {
+                return Ok(true);
+            }
+        }
+        if pos + len == seg_size {
+            return Ok(true);
+        }
+        // A record beginning before `floor` would have ended inside.
+        let align = RECORD_ALIGN as usize;
+        let floor = (len - MAX_RECORD_BYTES as usize) / align * align;
+        pos += last_end.max(floor);
+    }
+}
+
+fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<CleanReport> {
+    let mut rep = CleanReport {
+        victims: 1,
+        ..Default::default()
+    };
+    {
+        let _gate = inner.gate.read();
+        if !matches!(inner.log.lock().table.state(s), SegState::Log { .. }) {
+            return Ok(CleanReport::default());
+        }
+        rep.bytes_live_before = inner.state.read().usage.get(s).live_bytes;
+    }
+    let mut buf = Vec::new();
+    let policy = inner.policy.read().clone();
+    let recompress = match mode {
+        Rewrite::Upgrade { .. } => Some(policy.algorithm),
+        Rewrite::Clean => (policy.policy.recompress_codec != CodecId::None).then(|| {
+            Algorithm::new(
+                policy.policy.recompress_codec,
+                policy.policy.recompress_level,
+            )
+        }),
+    };
+    let victim_below = inner.state.read().usage.below_target(s) > 0;
+    let upgrade_this = |codec: CodecId| match mode {
+        Rewrite::Upgrade { all: true, .. } => true,
+        Rewrite::Upgrade { all: false, .. } => {
+            crate::pipeline::adapt::below_target_codec(codec, policy.algorithm)
+        }
+        Rewrite::Clean => false,
+    };
+    if matches!(mode, Rewrite::Upgrade { all: false, .. }) {
+        let mut found = false;
+        walk_records(inner, s, &mut buf, |rec, rec_abs| {
+            let h = rec.header;
+            if !h.kind.has_payload() || !upgrade_this(h.codec) {
+                return Ok(true);
+            }
+            found = pager::with_map(inner, |st| {
+                for i in 0..u64::from(h.sectors) {
+                    let e = st.map.get(h.lba + i)?;
+                    if e.is_mapped() && e.record_offset() == rec_abs {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            })?;
+            Ok(!found)
+        })?;
+        if !found {
+            // Nothing below the target here: leave the segment as it is.
+            return Ok(CleanReport::default());
+        }
+    }
+    let mut items: Vec<Item> = Vec::new();
+    let mut pending_bytes = 0usize;
+    let mut runs: Vec<Run> = Vec::new();
+    // The partly live records, decompressed back to back: the runs' bytes,
+    // handed to the compression engine as they are (no gathering copy).
+    let mut raw: Vec<u8> = Vec::new();
+    walk_records(inner, s, &mut buf, |rec, rec_abs| {
+        let h = rec.header;
+        if !h.kind.has_payload() {
+            return Ok(true);
+        }
+        if matches!(
+            mode,
+            Rewrite::Upgrade {
+                keep_others: true,
+                ..
+            }
+        ) && !upgrade_this(h.codec)
+        {
+            return Ok(true);
+        }
+        let live: Vec<bool> = pager::with_map(inner, |st| {
+            (0..u64::from(h.sectors))
+                .map(|i| {
+                    let e = st.map.get(h.lba + i)?;
+                    Ok(e.is_mapped() && e.record_offset() == rec_abs)
+                })
+                .collect()
+        })?;
+        if !live.contains(&true) {
+            return Ok(true);
+        }
+        let payload = rec.payload;
+        if let Err(e) = verify_payload(&h, payload) {
+            tracing::warn!(
+                "cleaner: record at {rec_abs} for LBA {} left in place: {e}",
+                h.lba
+            );
+            rep.corrupt_records += 1;
+            return Ok(true);
+        }
+        let recompress_this = match mode {
+            Rewrite::Clean => recompress.is_some_and(|a| a.codec != h.codec),
+            Rewrite::Upgrade { .. } => upgrade_this(h.codec),
+        };
+        if live.iter().all(|&l| l) && !recompress_this {
+            pending_bytes += payload.len();
+            items.push(Item::Moved {
+                lba: h.lba,
+                sectors: h.sectors,
+                codec: h.codec,
+                payload: payload.to_vec(),
+                from: rec_abs,
+                recompressed: false,
+                // Copied as it is: if its segment held bytes below the
+                // target, it may be one of them (the header names no level).
+                below_target: victim_below && h.codec != CodecId::None,
+            });
+            rep.sectors_moved += u64::from(h.sectors);
+        } else {
+            let base = raw.len();
+            raw.resize(base + h.raw_len(), 0);
+            if h.codec == CodecId::None {
+                raw[base..].copy_from_slice(payload);
+            } else if let Err(e) = squeeze_codec::decompress(h.codec, payload, &mut raw[base..]) {
+                tracing::warn!("cleaner: record at {rec_abs} does not decompress: {e}");
+                rep.corrupt_records += 1;
+                raw.truncate(base);
+                return Ok(true);
+            }
+            // The whole record is held until the batch goes out (its dead
+            // sectors too), so it counts whole against the batch's bound.
+            pending_bytes += h.raw_len();
+            rep.partial_records += 1;
+            let mut i = 0;
+            while i < live.len() {
+                if !live[i] {
+                    i += 1;
+                    continue;
+                }
+                let mut j = i + 1;
+                while j < live.len() && live[j] {
+                    j += 1;
+                }
+                runs.push(Run {
+                    lba: h.lba + i as u64,
+                    sectors: (j - i) as u32,
+                    from: rec_abs,
+                    start: base + i * SECTOR_SIZE,
+                });
+                rep.sectors_moved += (j - i) as u64;
+                i = j;
+            }
+        }
+        rep.records_moved += 1;
+        if pending_bytes >= APPEND_BYTES_MAX {
+            flush_items(
+                inner, &mut items, &mut runs, &mut raw, recompress, mode, &policy, &mut rep,
+            )?;
+            pending_bytes = 0;
+        }
+        Ok(true)
+    })?;
+    flush_items(
+        inner, &mut items, &mut runs, &mut raw, recompress, mode, &policy, &mut rep,
+    )?;
+    Ok(rep)
+}
+
+/// Compresses the pending runs and appends everything pending. The runs go
+/// through the write pipeline's compress stage as the merger's windows do
+/// (one batch, the policy's plan, heuristic and required ratio), with the
+/// recompress algorithm in place of the policy's when one is set.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the pending state of one victim, passed apart to keep its borrows apart"
+)]
+fn flush_items(
+    inner: &Inner,
+    items: &mut Vec<Item>,
+    runs: &mut Vec<Run>,
+    raw: &mut Vec<u8>,
+    recompress: Option<Algorithm>,
+    mode: Rewrite,
+    policy: &ActivePolicy,
+    rep: &mut CleanReport,
+) -> Result<()> {
+    if !runs.is_empty() {
+        let policy = match recompress {
+            Some(a) => ActivePolicy::new(Policy {
+                codec: a.codec,
+                level: a.level,
+                ..policy.policy
+            }),
+            None => policy.clone(),
+        };
+        let pieces: Vec<Piece> = runs
+            .iter()
+            .map(|r| Piece::Data {
+                lba: r.lba,
+                sectors: r.sectors,
+                start: r.start,
+            })
+            .collect();
+        // Shared with the engine's jobs as it is (no copy for them either).
+        let buf = Arc::new(std::mem::take(raw));
+        let (encoded, cpu_ns) = encode(
+            &*inner.engine,
+            &policy,
+            policy.algorithm,
+            Hint::None,
+            &buf,
+            Some((&buf, 0)),
+            &pieces,
+        );
+        inner.counters.add(Counter::CompressNs, cpu_ns);
+        for (r, it) in runs.drain(..).zip(encoded) {
+            let Item::Blob { payload, .. } = it else {
+                unreachable!("a data piece encodes to a blob");
+            };
+            let (codec, payload, recompressed) = match payload {
+                Payload::Compressed { codec, data, .. } => (codec, data, recompress.is_some()),
+                Payload::Raw { start } => {
+                    let len = r.sectors as usize * SECTOR_SIZE;
+                    (CodecId::None, buf[start..start + len].to_vec(), false)
+                }
+            };
+            rep.recompressed += u64::from(recompressed);
+            if recompressed && mode != Rewrite::Clean {
+                rep.upgraded_bytes += u64::from(r.sectors) * SECTOR_SIZE as u64;
+            }
+            items.push(Item::Moved {
+                lba: r.lba,
+                sectors: r.sectors,
+                codec,
+                payload,
+                from: r.from,
+                recompressed,
+                // Compressed again with the target (or the recompress
+                // algorithm), or raw because it does not compress.
+                below_target: false,
+            });
+        }
+    }
+    if items.is_empty() {
+        return Ok(());
+    }
+    rep.bytes_written += items
+        .iter()
+        .map(|it| append::record_len(inner, it, &[]))
+        .sum::<u64>();
+    // The upgrade makes room as client data does: it never eats the
+    // cleaner's reserve (it stops on NoSpace; the cleaner frees room).
+    let room = match mode {
+        Rewrite::Clean => Room::Cleaner,
+        Rewrite::Upgrade { .. } => Room::Merge,
+    };
+    append::append(inner, items, &[], room)?;
+    items.clear();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::space::victim::sealed;
+    use crate::{CreateOptions, SimStorage, Volume};
+
+    /// The windowed walk yields the records one scan of the whole segment
+    /// yields, in order, with records of every size across window
+    /// boundaries and a damaged header just before one.
+    #[test]
+    fn the_windowed_walk_finds_what_a_whole_segment_scan_finds() {
+        let s = Arc::new(SimStorage::new());
+        let mut o = CreateOptions::new(256 << 20);
+        o.segment_size = 4 << 20;
+        let v = Volume::create(s.clone(), &o).unwrap();
+        // Incompressible 4 KiB..128 KiB writes (raw records up to the
+        // largest) and compressible ones, until a few segments are sealed.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut off = 0u64;
+        while off < 40 << 20 {
+            let sectors = 1 + rnd() % 32;
+            let len = sectors as usize * SECTOR_SIZE;
+            let buf: Vec<u8> = if rnd() % 3 == 0 {
+                vec![(rnd() % 7) as u8 + 1; len]
+            } else {
+                (0..len).map(|_| rnd() as u8).collect()
+            };
+            v.write(off, &buf, false).unwrap();
+            off += len as u64;
+        }
+        v.flush().unwrap();
+        let inner = &v.inner;
+        let segs: Vec<SegmentId> = sealed(inner).0.iter().map(|&(s, ..)| s).collect();
+        assert!(segs.len() >= 4, "{} sealed segments", segs.len());
+        // Damage a header 48 bytes before the second window of one segment.
+        let damaged = segs[1];
+        let seg_off = inner.segment_offset(damaged);
+        let mut whole = vec![0u8; inner.seg_size as usize];
+        inner.storage.read_at(&mut whole, seg_off).unwrap();
+        let cut = RecordScan::new(&whole, inner.uuid, Stride::Record)
+            .map(|r| r.offset)
+            .filter(|&o| o < WINDOW_BYTES)
+            .last()
+            .unwrap();
+        s.flip_bit(seg_off + cut as u64 + 10, 3);
+        let mut crossing = 0;
+        for seg in segs {
+            let seg_off = inner.segment_offset(seg);
+            inner.storage.read_at(&mut whole, seg_off).unwrap();
+            let want: Vec<(u64, u64, u32)> = RecordScan::new(&whole, inner.uuid, Stride::Record)
+                .map(|r| {
+                    (
+                        seg_off + r.offset as u64,
+                        r.header.seq,
+                        r.header.payload_crc,
+                    )
+                })
+                .collect();
+            crossing += RecordScan::new(&whole, inner.uuid, Stride::Record)
+                .filter(|r| {
+                    let end = r.offset + r.header.record_len() as usize;
+                    r.offset / WINDOW_BYTES != (end - 1) / WINDOW_BYTES
+                })
+                .count();
+            let mut got = Vec::new();
+            let mut buf = Vec::new();
+            let log = walk_records(inner, seg, &mut buf, |r, at| {
+                got.push((at, r.header.seq, r.header.payload_crc));
+                Ok(true)
+            })
+            .unwrap();
+            assert!(log);
+            assert_eq!(got, want, "segment {seg}");
+            assert!(buf.len() <= WINDOW_BYTES);
+        }
+        assert!(crossing >= 4, "{crossing} records across a window boundary");
+    }
+}
