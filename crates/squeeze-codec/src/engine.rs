@@ -123,8 +123,17 @@ pub trait CompressEngine: Send + Sync {
     /// one of the engine's own threads.
     fn submit(&self, alg: Algorithm, jobs: Vec<Job>, done: Box<dyn FnOnce(Vec<JobResult>) + Send>);
 
-    /// Convenience: submits and waits for the results.
+    /// Runs a batch and waits for the results. An engine may run some of
+    /// it on the calling thread (the CPU pool runs the first job there);
+    /// by default the same as [`CompressEngine::submit_and_wait`].
     fn compress_batch(&self, alg: Algorithm, jobs: Vec<Job>) -> Vec<JobResult> {
+        self.submit_and_wait(alg, jobs)
+    }
+
+    /// Submits the whole batch to the engine and waits for the results:
+    /// the calling thread runs none of it (the write path's choice for
+    /// batches of several blobs: `squeeze_engine::pipeline::compress`).
+    fn submit_and_wait(&self, alg: Algorithm, jobs: Vec<Job>) -> Vec<JobResult> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.submit(
             alg,

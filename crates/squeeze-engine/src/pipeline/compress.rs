@@ -6,7 +6,7 @@ use super::policy::{output_limit, plan, ActivePolicy, Hint, Plan};
 use super::split::Piece;
 use squeeze_codec::{Algorithm, CompressEngine, Job, JobOutput, JobResult};
 use squeeze_format::{CodecId, SECTOR_SIZE};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 /// How a blob ended up stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,19 +140,7 @@ pub fn encode(
     let results = match jobs.len() {
         0 => return (items, 0),
         1 => engine.compress_batch(alg, jobs),
-        _ => {
-            let (tx, rx) = mpsc::sync_channel(1);
-            engine.submit(
-                alg,
-                jobs,
-                Box::new(move |results| {
-                    // The receiver waits below until it has them.
-                    let _ = tx.send(results);
-                }),
-            );
-            rx.recv()
-                .expect("engine dropped a batch without calling done")
-        }
+        _ => engine.submit_and_wait(alg, jobs),
     };
     collect(items, &job_items, results, alg.codec, below_target)
 }
