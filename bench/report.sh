@@ -6,7 +6,8 @@
 #   sudo bench/report.sh                          # everything at the harness's defaults (~12 min)
 #   REPS=2 sudo bench/report.sh                   # each harness run twice, to see the noise
 #   FIO_SIZE=256m FIO_RT_SEQ=10 FIO_RT_RAND=5 sudo bench/report.sh   # a quick smoke run
-#   REPORT_ONLY=results/report-<time> bench/report.sh   # only regenerate markdown + SVG (no root)
+#   REPORT_ONLY=results/report-<time> bench/report.sh   # only regenerate markdown + SVG (no root;
+#                                                       # BIN, or the release build, draws the charts)
 #
 # Steps (progress on stderr; every raw output kept under OUT, default results/report-<time>):
 #   1. check the tools ../shared/bench/run.sh needs; as root, apt-get install the missing ones
@@ -27,7 +28,7 @@
 #   6. OUT/results.jsonl: the harness's CSV rows (with "pass"), the engine and scan JSON and
 #      settle.sh's lines (with "step"), one JSON object a line
 #   7. bench/report.py: markdown (also printed on stdout and kept as OUT/report.md and
-#      OUT/table.md) and SVG
+#      OUT/table.md) and SVG (drawn by `$BIN chart` from report.py's JSON specs)
 #
 # Env: OUT (results/report-<time>; OUT_BASE is read as OUT), REPORT_ONLY (an existing OUT: step 7 only),
 #      REPORT_PEERS (the first run's PEERS), MODE_NONE (1), ENGINE (1), SCAN (1), SETTLE (1),
@@ -49,13 +50,15 @@ IMG_DIR=${IMG_DIR:-$SQ_ROOT/docs/img}
 
 report() { # report OUT: report.md, also OUT/table.md and stdout
   sq_log "writing the report from $OUT into $DOC and $IMG_DIR"
-  python3 "$SQ_ROOT/bench/report.py" "$OUT" --doc "$DOC" --img-dir "$IMG_DIR" >"$OUT/report.md" || return
+  python3 "$SQ_ROOT/bench/report.py" "$OUT" --doc "$DOC" --img-dir "$IMG_DIR" --squeeze-bin "$BIN" \
+    >"$OUT/report.md" || return
   sq_table - <"$OUT/report.md"
 }
 
 if [[ -n ${REPORT_ONLY:-} ]]; then
   [[ -d $REPORT_ONLY ]] || sq_die "REPORT_ONLY=$REPORT_ONLY is not a directory"
   OUT=$(readlink -f "$REPORT_ONLY")
+  sq_bin # the charts are drawn by `squeeze chart`
   report
   exit 0
 fi

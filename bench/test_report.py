@@ -6,8 +6,10 @@ REPS=1; the harness's CSV, .meas timings, pass.txt, policy.json, machine.txt, th
 settle/settle.json from a smoke run of bench/settle.sh with the same fio settings (at a later
 commit, with the default policy; SETTLE_TIMES="0 5 10").
 bench/testdata/report-expected.md is the section report.py must produce from it.
+The charts are drawn by `squeeze chart`: SQUEEZE_BIN names the binary (scripts/test.sh builds
+the debug one and sets it).
 
-  python3 bench/test_report.py              # what scripts/test.sh runs
+  SQUEEZE_BIN=target/debug/squeeze python3 bench/test_report.py   # what scripts/test.sh runs
   UPDATE_EXPECTED=1 python3 bench/test_report.py   # after an intended change of the output
 """
 import csv
@@ -29,6 +31,16 @@ import report  # noqa: E402
 FIXTURE = os.path.join(HERE, "testdata", "report")
 EXPECTED = os.path.join(HERE, "testdata", "report-expected.md")
 SVG = "{http://www.w3.org/2000/svg}"
+
+
+def need_bin(test):
+    """Fails the test with the reason when SQUEEZE_BIN does not name a binary to draw charts with."""
+    b = os.environ.get("SQUEEZE_BIN")
+    if not (b and os.path.isfile(b) and os.access(b, os.X_OK)):
+        test.fail(
+            f"SQUEEZE_BIN={b!r}: set it to a built squeeze binary (cargo build -p squeeze; "
+            "scripts/test.sh does): report.py draws its charts with `squeeze chart`"
+        )
 
 
 def run_report(out_base, doc=None, img=None):
@@ -149,6 +161,48 @@ class Tables(unittest.TestCase):
         self.assertIn("Recommendation of `scan`", "\n".join(scan))
 
 
+class ChartSpecs(unittest.TestCase):
+    """What report.py asks `squeeze chart` for (no binary needed)."""
+
+    def test_failures_pale_amounts_and_reference_line(self):
+        ps = report.Pass(os.path.join(FIXTURE, "peers"))
+        charts = report.pass_charts(ps)
+        iops = charts["iops"]
+        self.assertEqual(iops["groups"], [report.WL_LABEL["w1-randread"], report.WL_LABEL["w2-randwrite"]])
+        self.assertEqual([x["name"] for x in iops["series"]], ps.peers)
+        self.assertEqual(iops["series"][ps.peers.index("squeeze")]["color"], report.SQUEEZE_COLOR)
+        qcow = ps.peers.index("nbd-qcow2-compress")
+        self.assertEqual(iops["cells"][1][qcow], {"text": "fails (EIO)"})
+        cell = iops["cells"][0][ps.peers.index("squeeze")]
+        c = ps.cell("squeeze", "w1-randread")
+        self.assertEqual(cell["value"], c.iops)
+        self.assertEqual(cell["label"], report.f_iops(c.iops))
+        self.assertEqual(cell["tooltip"], f"squeeze, {report.WL_LABEL['w1-randread']}: {report.f_iops(c.iops)}")
+        self.assertEqual(charts["ratio"]["reference"], {"value": 1.0, "label": "1.0 = no saving"})
+        cpu = charts["cpu"]
+        self.assertIn("pale: the rest of the machine", cpu["note"])
+        cell = cpu["cells"][0][ps.peers.index("squeeze")]
+        c = ps.cell("squeeze", "w1-write")
+        self.assertAlmostEqual(cell["value"] + cell["pale"], c.machine_s_gib)
+        self.assertEqual(cell["label"], report.f2(c.machine_s_gib))
+        self.assertTrue(cell["tooltip"].endswith(f"({report.f2(c.server_s_gib)} server)"))
+        # an in-kernel peer has no server process: all of its CPU is pale
+        cell = cpu["cells"][0][ps.peers.index("zram-lz4")]
+        self.assertEqual(cell["value"], 0.0)
+        self.assertNotIn("server", cell["tooltip"])
+
+    def test_a_missing_value_reads_n_a(self):
+        spec = report.bar_chart(
+            "t", ["g"], ["a", "b", "c"], ["#000", "#111", "#222"], [[None, 2.0, float("nan")]], report.f2, ref=(1.0, None)
+        )
+        self.assertEqual(
+            spec["cells"],
+            [[{"text": "n/a"}, {"value": 2.0, "label": "2.00", "tooltip": "b, g: 2.00"}, {"text": "n/a"}]],
+        )
+        self.assertEqual(spec["reference"], {"value": 1.0})
+        self.assertNotIn("note", spec)
+
+
 class Settle(unittest.TestCase):
     TITLE = "### Ratio after the overwrites, and after the clients go idle"
 
@@ -224,6 +278,7 @@ class Files(unittest.TestCase):
         self.addCleanup(shutil.rmtree, self.tmp)
 
     def test_doc_outside_the_markers_is_untouched_and_charts_are_svg(self):
+        need_bin(self)
         doc = os.path.join(self.tmp, "docs", "benchmarks.md")
         img = os.path.join(self.tmp, "docs", "img")
         os.makedirs(img)
@@ -267,6 +322,7 @@ class Files(unittest.TestCase):
         self.assertIn("fails (EIO)", [t.text for t in root.iter(SVG + "text")])
 
     def test_section_is_added_when_the_markers_are_missing(self):
+        need_bin(self)
         doc = os.path.join(self.tmp, "benchmarks.md")
         with open(doc, "w") as f:
             f.write("# Benchmarks\n\nIntro.\n\n## Engine\n\nText.\n")
@@ -300,6 +356,20 @@ class Files(unittest.TestCase):
         self.assertIn("- btrfs-lzo-force stopped in phase setup (rep 1): ERROR(rc=1); see the raw outputs.", lines)
         cells = table_row(lines, "btrfs compress-force=lzo (loop)")
         self.assertEqual(cells[1:], ["–"] * 10)
+
+    def test_img_dir_without_the_binary_is_a_clear_error(self):
+        env = os.environ.pop("SQUEEZE_BIN", None)
+        try:
+            with self.assertRaises(SystemExit) as e:
+                run_report(FIXTURE, img=os.path.join(self.tmp, "img"))
+            self.assertIn("set SQUEEZE_BIN", str(e.exception))
+            with self.assertRaises(SystemExit) as e:
+                report.main([FIXTURE, "--img-dir", self.tmp, "--squeeze-bin", os.path.join(self.tmp, "nothing")])
+            self.assertIn("is not an executable file", str(e.exception))
+        finally:
+            if env is not None:
+                os.environ["SQUEEZE_BIN"] = env
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "img")))
 
     def test_fail_label(self):
         self.assertEqual(report.fail_label("FAIL(fio error 5)"), "fails (EIO)")

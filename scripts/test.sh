@@ -18,7 +18,9 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "bench/report.py, bench/pg_fillfactor.py and bench/results.py tests"
-python3 bench/test_report.py
+# report.py draws its charts with `squeeze chart`: the debug binary, built here
+cargo build -p squeeze --bin squeeze
+SQUEEZE_BIN=${CARGO_TARGET_DIR:-target}/debug/squeeze python3 bench/test_report.py
 python3 bench/test_pg_fillfactor.py
 python3 bench/test_results.py
 

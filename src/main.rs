@@ -61,6 +61,7 @@ enum Command {
     Serve(cmd::serve::Args),
     Scan(cmd::scan::Args),
     Tco(cmd::tco::Args),
+    Chart(cmd::chart::Args),
     /// A write-ahead log on a volume (dense or sparse); `wal bench`.
     Wal(cmd::wal::Args),
     /// A table-less hash key-value store on a volume; `kv bench`.
@@ -97,6 +98,7 @@ fn main() -> ExitCode {
         Command::Compact(a) => cmd::compact::run(a),
         Command::Scan(a) => cmd::scan::run(a),
         Command::Tco(a) => cmd::tco::run(a),
+        Command::Chart(a) => cmd::chart::run(a),
         Command::Wal(a) => cmd::wal::run(a),
         Command::Kv(a) => cmd::kv::run(a),
     };

@@ -3,6 +3,7 @@
 //! `control_client`, `machine`, `svg`, `util`).
 
 pub mod bench;
+pub mod chart;
 pub mod check;
 pub mod compact;
 pub mod create;

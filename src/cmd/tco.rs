@@ -690,23 +690,39 @@ pub fn run(a: Args) -> Result<ExitCode> {
         vs_offload: 1.0 - sq / tco("offload"),
     };
     if let Some(path) = &a.chart {
-        let cats: Vec<String> = sc.iter().map(|s| s.name.clone()).collect();
-        let per_tb = |f: fn(&Scenario) -> f64| sc.iter().map(|s| f(s) / m.capacity_tb).collect();
-        let series = vec![
-            ("servers".to_string(), per_tb(|s| s.servers_capex)),
-            ("drives".to_string(), per_tb(|s| s.drives_capex)),
-            ("energy".to_string(), per_tb(|s| s.energy_cost)),
-            ("total".to_string(), per_tb(|s| s.tco)),
-        ];
-        let title = format!(
-            "squeeze tco: $ per effective TB over {} years ({} TB effective, {} GB/s)",
-            m.years, m.capacity_tb, m.throughput_gbps
-        );
-        std::fs::write(
-            path,
-            svg::bars(&title, "$ per effective TB", &cats, &series),
-        )
-        .with_context(|| format!("writing chart {}", path.display()))?;
+        let part = |name: &str| svg::BarSeries {
+            name: name.to_string(),
+            color: None,
+        };
+        let per_tb = |v: f64| svg::Cell::value(v / m.capacity_tb);
+        let chart = svg::BarChart {
+            title: format!(
+                "squeeze tco: $ per effective TB over {} years ({} TB effective, {} GB/s)",
+                m.years, m.capacity_tb, m.throughput_gbps
+            ),
+            y_label: Some("$ per effective TB".to_string()),
+            groups: sc.iter().map(|s| s.name.clone()).collect(),
+            series: vec![
+                part("servers"),
+                part("drives"),
+                part("energy"),
+                part("total"),
+            ],
+            cells: sc
+                .iter()
+                .map(|s| {
+                    vec![
+                        per_tb(s.servers_capex),
+                        per_tb(s.drives_capex),
+                        per_tb(s.energy_cost),
+                        per_tb(s.tco),
+                    ]
+                })
+                .collect(),
+            ..svg::BarChart::default()
+        };
+        std::fs::write(path, chart.draw()?)
+            .with_context(|| format!("writing chart {}", path.display()))?;
     }
     if a.json {
         let r = Report {
