@@ -8,8 +8,9 @@
    (`crate::a::b::Item`, `super::Item`, `self::x::Item`, in `use` lines or
    inline paths). A `pub use` re-export is followed to the file that defines
    the item, so re-exporting from a parent is not a dependency of it.
-2. No Rust source file under crates/ or src/ is over 800 lines unless its
-   header (first 40 lines) says why, in a line containing "Over 800 lines".
+2. No tracked source file (Rust, Python, shell) is over 800 lines unless
+   its header (first 40 lines) says why, in a line containing "Over 800
+   lines".
 3. No subcommand imports another: a file under src/cmd/NAME/ (or
    src/cmd/NAME.rs) never names `crate::cmd::OTHER` (what two share moves
    below both, into src/).
@@ -20,6 +21,7 @@ every breach otherwise.
 """
 import os
 import re
+import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -204,19 +206,29 @@ def name(mod):
     return "/".join(mod) or "lib"
 
 
+def source_files():
+    """The tracked Rust, Python and shell sources (every file below the
+    root when this is not a git checkout)."""
+    exts = (".rs", ".py", ".sh")
+    try:
+        out = subprocess.run(["git", "-C", ROOT, "ls-files", "-z"], capture_output=True, check=True).stdout
+        names = [n for n in out.decode().split("\0") if n.endswith(exts)]
+        return [os.path.join(ROOT, n) for n in names if os.path.isfile(os.path.join(ROOT, n))]
+    except (OSError, subprocess.CalledProcessError):
+        found = []
+        for dirpath, dirs, names in os.walk(ROOT):
+            dirs[:] = [d for d in dirs if d not in ("target", ".git")]
+            found += [os.path.join(dirpath, n) for n in names if n.endswith(exts)]
+        return found
+
+
 def long_files():
     bad = []
-    for top in ("crates", "src"):
-        for dirpath, dirs, names in os.walk(os.path.join(ROOT, top)):
-            dirs[:] = [d for d in dirs if d != "target"]
-            for n in names:
-                if not n.endswith(".rs"):
-                    continue
-                full = os.path.join(dirpath, n)
-                lines = open(full).read().split("\n")
-                count = len(lines) - (1 if lines and lines[-1] == "" else 0)
-                if count > MAX_LINES and not any("Over 800 lines" in line for line in lines[:40]):
-                    bad.append(f"{os.path.relpath(full, ROOT)}: {count} lines and no 'Over 800 lines' reason in its header")
+    for full in sorted(source_files()):
+        lines = open(full, errors="replace").read().split("\n")
+        count = len(lines) - (1 if lines and lines[-1] == "" else 0)
+        if count > MAX_LINES and not any("Over 800 lines" in line for line in lines[:40]):
+            bad.append(f"{os.path.relpath(full, ROOT)}: {count} lines and no 'Over 800 lines' reason in its header")
     return bad
 
 
