@@ -310,7 +310,7 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         damaged_opens: c.get(Counter::DamagedOpens),
         lost_flushed_records: c.get(Counter::LostFlushedRecords),
         damage_at_open: None,
-        read_only_reason: inner.poisoned.lock().clone(),
+        read_only_reason: inner.poisoned.lock().as_ref().map(|e| e.to_string()),
     }
 }
 
