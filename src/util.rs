@@ -339,7 +339,7 @@ mod tests {
         let text = error_text(&e);
         assert_eq!(text.matches("Input/output error").count(), 1, "{text}");
         assert!(
-            text.starts_with("cannot write: volume is read-only: an earlier failure"),
+            text.starts_with("cannot write: volume is read-only after an earlier failure"),
             "{text}"
         );
         let full = squeeze_engine::EngineError::NoSpace(NoSpace::Segments {

@@ -7,11 +7,11 @@
 //! turned it so), which argument is refused and with what value
 //! ([`Invalid`]), which invariant broke ([`Internal`]).
 //!
-//! One rule for the text: an error's message ends with its cause's
-//! message, and the cause is also its `source()`. So `{e}` alone says
-//! everything (logs, the NBD layer's `io::Error`), and a walker of the
-//! source chain drops a cause the text before already ends with (the CLI's
-//! `util::error_text`), so each cause prints once.
+//! One rule for the text: an error's message is its cause's message or
+//! ends with ": " and it, and the cause is also its `source()`. So `{e}`
+//! alone says everything (logs, the NBD layer's `io::Error`), and a walker
+//! of the source chain drops a cause the text before already ends with
+//! (the CLI's `util::error_text`), so each cause prints once.
 
 use crate::space::{SegUsage, SegmentId};
 use squeeze_format::FormatError;
@@ -42,7 +42,7 @@ pub enum EngineError {
     /// loss (`OpenOptions::accept_loss`).
     #[error("the volume lost flushed data: {0}")]
     Damaged(Box<crate::damage::RecoveryDamage>),
-    #[error("volume is read-only: {0}")]
+    #[error("{0}")]
     ReadOnly(#[source] ReadOnly),
     #[error("invalid argument: {0}")]
     Invalid(#[source] Invalid),
@@ -103,11 +103,11 @@ pub enum NotAVolume {
 #[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReadOnly {
-    #[error("it was opened read-only")]
+    #[error("volume is read-only (opened read-only)")]
     Opened,
     /// An unplanned failure (of the backing file, or of an invariant)
     /// turned the volume read-only: the first such failure. Reopen it.
-    #[error("an earlier failure turned it read-only (reopen it): {0}")]
+    #[error("volume is read-only after an earlier failure (reopen it): {0}")]
     Failed(#[source] Arc<EngineError>),
 }
 
@@ -399,7 +399,11 @@ mod tests {
         let mut cause: Option<&dyn std::error::Error> = std::error::Error::source(&e);
         let mut depth = 0;
         while let Some(c) = cause {
-            assert!(text.ends_with(&c.to_string()), "{text:?} / {c}");
+            let c_text = c.to_string();
+            assert!(
+                text == c_text || text.ends_with(&format!(": {c_text}")),
+                "{text:?} / {c}"
+            );
             cause = c.source();
             depth += 1;
         }
@@ -408,7 +412,7 @@ mod tests {
             "the ReadOnly reason, the first error, its io::Error"
         );
         assert!(
-            text.starts_with("volume is read-only: an earlier failure"),
+            text.starts_with("volume is read-only after an earlier failure (reopen it): I/O"),
             "{text}"
         );
     }
