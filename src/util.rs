@@ -331,6 +331,31 @@ mod tests {
     }
 
     #[test]
+    fn an_engine_error_chain_says_each_cause_once() {
+        use squeeze_engine::error::{NoSpace, ReadOnly};
+        let first = squeeze_engine::EngineError::Io(std::io::Error::from_raw_os_error(libc::EIO));
+        let ro = squeeze_engine::EngineError::ReadOnly(ReadOnly::Failed(first.into()));
+        let e = anyhow::Error::new(ro).context("cannot write");
+        let text = error_text(&e);
+        assert_eq!(text.matches("Input/output error").count(), 1, "{text}");
+        assert!(
+            text.starts_with("cannot write: volume is read-only after an earlier failure"),
+            "{text}"
+        );
+        let full = squeeze_engine::EngineError::NoSpace(NoSpace::Segments {
+            free: 1,
+            needed: 2,
+            reserve: 3,
+        });
+        let text = error_text(&anyhow::Error::new(full));
+        assert_eq!(
+            text,
+            "no space left: backing store full: 1 segments free, 2 needed plus 3 kept for \
+             checkpoints"
+        );
+    }
+
+    #[test]
     fn sizes() {
         assert_eq!(parse_size("64G").unwrap(), 64 << 30);
         assert_eq!(parse_size("1T").unwrap(), 1 << 40);

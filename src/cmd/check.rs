@@ -25,10 +25,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
             if a.json {
                 outln!(
                     "{}",
-                    serde_json::json!({ "ok": false, "fatal": format!("{e:#}") })
+                    serde_json::json!({ "ok": false, "fatal": crate::util::error_text(&e) })
                 );
             } else {
-                eprintln!("squeeze check: {}: {e:#}", a.path.display());
+                eprintln!(
+                    "squeeze check: {}: {}",
+                    a.path.display(),
+                    crate::util::error_text(&e)
+                );
             }
             return Ok(ExitCode::from(2));
         }

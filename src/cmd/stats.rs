@@ -5,6 +5,7 @@
 use crate::control_client::{is_socket, query_control};
 use crate::util::{human, open_volume_read_only};
 use anyhow::{Context, Result};
+use squeeze_engine::pipeline::adapt::Why;
 use squeeze_engine::VolumeStats;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -224,10 +225,8 @@ fn why_rung(s: &VolumeStats) -> String {
     let busy = s
         .cpu_busy
         .map(|b| format!("machine CPU {:.0}% busy", b * 100.0));
-    let why = match s.write_algorithm_why.as_str() {
-        "backlog" => Some("the compression threads were behind".to_string()),
-        "cpu" => Some("the cores were busy".to_string()),
-        "trial" => Some("a trial found the client faster with it".to_string()),
+    let why = match s.write_algorithm_why {
+        Some(w @ (Why::Backlog | Why::Cpu | Why::Trial)) => Some(w.to_string()),
         _ => None,
     };
     match (why, busy) {

@@ -7,7 +7,7 @@
 use squeeze_format::CodecId;
 
 /// What can go wrong when parsing an algorithm or running a codec.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CodecError {
     /// The algorithm name is not in the codec-id registry.

@@ -12,7 +12,7 @@
 //! `space::make_room::append_making_room`).
 
 use crate::counters::{Counter, Counters};
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Internal, NoSpace, Result};
 use crate::meta::pager;
 use crate::meta::{checkpoint, flush_marks};
 use crate::pipeline::compress::{Item, Outcome};
@@ -289,20 +289,13 @@ fn write_placements(
     Ok(())
 }
 
-fn check_not_poisoned(inner: &Inner) -> Result<()> {
-    match inner.poisoned.lock().clone() {
-        Some(why) => Err(EngineError::ReadOnly(why)),
-        None => Ok(()),
-    }
-}
-
 /// Makes every record appended before the call durable. Two stages,
 /// pipelined across concurrent flushes: the write-out of staged log
 /// bytes, then one fdatasync for every group written out before it,
 /// followed by a flush mark (`meta::flush_marks`) saying how far the
 /// log is durable.
 pub(crate) fn flush(inner: &Inner) -> Result<()> {
-    check_not_poisoned(inner)?;
+    inner.check_not_poisoned()?;
     let target = inner.tickets.issued();
     inner.tickets.wait_below(target);
     // Stage 1: every record of a ticket below `target` reaches the file
@@ -310,7 +303,7 @@ pub(crate) fn flush(inner: &Inner) -> Result<()> {
     // along whatever completed meanwhile.
     {
         let _w = inner.write_out_lock.lock();
-        check_not_poisoned(inner)?;
+        inner.check_not_poisoned()?;
         if inner.written.load(Ordering::Acquire) < target {
             // Tickets are issued under the log lock in seq order: every
             // record of a ticket below `upto` has a seq below `upto_seq`.
@@ -345,7 +338,7 @@ pub(crate) fn flush(inner: &Inner) -> Result<()> {
     // and the file reports that error once: a later fdatasync returns
     // Ok over the loss. The flush that met it poisoned the volume before
     // letting go of the lock, so this one fails too.
-    check_not_poisoned(inner)?;
+    inner.check_not_poisoned()?;
     let upto = inner.written.load(Ordering::Acquire);
     // Stored only after its write-out completed, so whatever this reads
     // was written before the fdatasync below begins.
@@ -396,9 +389,7 @@ fn wait_for_marks(inner: &Inner) {
 /// seq and an offset, opening (and allocating) new segments as needed.
 pub(crate) fn reserve(inner: &Inner, lens: &[u64], room: Room) -> Result<(Vec<Placement>, u64)> {
     let mut log = inner.log.lock();
-    if let Some(why) = inner.poisoned.lock().clone() {
-        return Err(EngineError::ReadOnly(why));
-    }
+    inner.check_not_poisoned()?;
     let step = ALLOC_STEP.min(inner.seg_size);
     // A new head segment gets half of the allocation ahead at once (one
     // fallocate where the writers would otherwise race the allocator
@@ -428,10 +419,10 @@ pub(crate) fn reserve(inner: &Inner, lens: &[u64], room: Room) -> Result<(Vec<Pl
     }
     let new_segments = new_used.len() as u64;
     if !log.head_in_segment(inner.seg_size) {
-        return Err(inner.internal(format!(
-            "log head {} is outside its segment {}",
-            log.head_offset, log.head_segment
-        )));
+        return Err(inner.internal(Internal::HeadOutsideSegment {
+            head_offset: log.head_offset,
+            segment: log.head_segment,
+        }));
     }
     if head_need > log.allocated_end {
         let to = (head_need.div_ceil(step) * step).min(inner.segment_end(log.head_segment));
@@ -448,12 +439,11 @@ pub(crate) fn reserve(inner: &Inner, lens: &[u64], room: Room) -> Result<(Vec<Pl
         let extra_chunks = lens.len() as u64 * 2 + 2;
         let reserve = checkpoint::segments_needed(inner, extra_chunks) + room.extra_segments();
         if log.table.available() < new_segments + reserve {
-            return Err(EngineError::NoSpace(format!(
-                "backing store full: {} segments free, {} needed plus {} kept for checkpoints",
-                log.table.available(),
-                new_segments,
-                reserve
-            )));
+            return Err(EngineError::NoSpace(NoSpace::Segments {
+                free: log.table.available(),
+                needed: new_segments,
+                reserve,
+            }));
         }
         for used in &new_used {
             let s = log.table.pick_free().expect("available segment");

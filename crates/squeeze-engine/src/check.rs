@@ -68,7 +68,7 @@ pub fn check(vol: &Volume, mut progress: impl FnMut(u64, u64)) -> CheckReport {
         }
         Err(e) => report.superblock_slots.push(format!("read failed: {e}")),
     }
-    report.accounting = vol.verify_accounting().err();
+    report.accounting = vol.verify_accounting().err().map(|e| e.to_string());
     let total = inner.state.read().map.mapped();
     let mut out = vec![0u8; 32 * SECTOR_SIZE];
     // Chunk by chunk (a paged-out map is read back as it goes).

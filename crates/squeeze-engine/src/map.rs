@@ -21,6 +21,7 @@
 //! the tree maps at least one sector; runs are sorted, disjoint, non-empty,
 //! and two adjacent runs are never mergeable.
 
+use crate::error::ChunkMismatch;
 use squeeze_format::{MapEntry, MapRun, CHUNK_ENTRIES};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1061,17 +1062,19 @@ impl SectorMap {
     /// Puts a chunk read back from the chain in place of its paged-out
     /// slot; refuses one that does not match what was paged out (the chain
     /// does not hold what the map wrote there).
-    pub fn install(&mut self, c: u64, l: LoadedChunk) -> Result<(), String> {
+    pub fn install(&mut self, c: u64, l: LoadedChunk) -> Result<(), ChunkMismatch> {
         let Some(p) = self.paged.get(&c) else {
             return Ok(()); // paged in meanwhile
         };
         let (mapped, runs) = (l.mapped(), l.runs());
         if mapped != u32::from(p.mapped) || runs != u64::from(p.runs) {
-            return Err(format!(
-                "map chunk {c} read back from the checkpoint chain maps {mapped} sectors in \
-                 {runs} runs, not the {} in {} it was paged out with",
-                p.mapped, p.runs
-            ));
+            return Err(ChunkMismatch {
+                chunk: c,
+                mapped,
+                runs,
+                paged_mapped: u32::from(p.mapped),
+                paged_runs: u64::from(p.runs),
+            });
         }
         let p = self.paged.remove(&c).expect("checked above");
         self.weight = self.weight + l.chunk.weight() - u64::from(p.runs);

@@ -28,7 +28,7 @@ pub(crate) mod log_state;
 pub(crate) mod map_state;
 
 use crate::counters::Counters;
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Internal, ReadOnly, Result};
 use crate::locks::{RangeLocks, Tickets};
 use crate::pipeline::policy::ActivePolicy;
 use crate::space::gc_policy::GcPolicy;
@@ -100,7 +100,8 @@ pub(crate) struct Inner {
     /// Bytes of RAM the sector map may use before chunks page out to the
     /// checkpoint chain (`OpenOptions::map_cache`, `meta::pager`).
     pub map_cache: std::sync::atomic::AtomicU64,
-    pub poisoned: Mutex<Option<String>>,
+    /// The failure that turned the volume read-only (the first one).
+    pub poisoned: Mutex<Option<Arc<EngineError>>>,
     pub read_only: bool,
     /// The maintenance thread merges fragmented windows when clients idle.
     pub idle_merge: bool,
@@ -129,12 +130,18 @@ impl Inner {
 
     pub(crate) fn writable(&self) -> Result<()> {
         if self.read_only {
-            return Err(EngineError::ReadOnly("opened read-only".into()));
+            return Err(EngineError::ReadOnly(ReadOnly::Opened));
         }
-        if let Some(why) = self.poisoned.lock().clone() {
-            return Err(EngineError::ReadOnly(why));
+        self.check_not_poisoned()
+    }
+
+    /// `ReadOnly` with the failure that turned the volume read-only, if
+    /// one did.
+    pub(crate) fn check_not_poisoned(&self) -> Result<()> {
+        match self.poisoned.lock().as_ref() {
+            Some(first) => Err(EngineError::ReadOnly(ReadOnly::Failed(Arc::clone(first)))),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     pub(crate) fn check_range(&self, offset: u64, len: u64) -> Result<()> {
@@ -163,7 +170,7 @@ impl Inner {
     }
 
     /// Turns the volume read-only for a broken invariant of its own state.
-    pub(crate) fn internal(&self, why: String) -> EngineError {
+    pub(crate) fn internal(&self, why: Internal) -> EngineError {
         let e = EngineError::Internal(why);
         self.poison(&e);
         e
@@ -173,7 +180,7 @@ impl Inner {
         let mut p = self.poisoned.lock();
         if p.is_none() {
             tracing::error!("volume turns read-only: {e}");
-            *p = Some(e.to_string());
+            *p = Some(Arc::new(e.duplicate()));
         }
     }
 }

@@ -6,6 +6,7 @@ use crate::append::Room;
 use crate::counters::{Counter, Counters};
 use crate::meta::checkpoint;
 use crate::meta::pager;
+use crate::pipeline::adapt::Why;
 use crate::state::Inner;
 use squeeze_format::{CodecId, DATA_START, SECTOR_SIZE};
 
@@ -136,11 +137,11 @@ pub struct VolumeStats {
     #[serde(default)]
     pub write_algorithm: String,
     /// Why: "target", "backlog" (the compression engine was behind), "cpu"
-    /// (the machine's cores were busy) or "trial" (a trial found the
-    /// client writing faster with the faster codec); empty without
-    /// adaptation.
-    #[serde(default)]
-    pub write_algorithm_why: String,
+    /// (the machine's cores were busy), "trial" (a trial found the client
+    /// writing faster with the faster codec) or "deferred"; None without
+    /// adaptation (in JSON: the name, or "" for None).
+    #[serde(default, with = "why_or_empty")]
+    pub write_algorithm_why: Option<Why>,
     /// The machine's busy CPU share (0-1) at the adaptive codec's last
     /// reading; None when it does not follow the CPU, or has not read yet.
     #[serde(default)]
@@ -197,12 +198,8 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
     let (write_algorithm, write_algorithm_why, cpu_busy) = {
         let p = inner.policy.read();
         match &p.adapt {
-            Some(a) => (
-                a.current().to_string(),
-                a.why().as_str().to_string(),
-                a.cpu_busy(),
-            ),
-            None => (p.algorithm.to_string(), String::new(), None),
+            Some(a) => (a.current().to_string(), Some(a.why()), a.cpu_busy()),
+            None => (p.algorithm.to_string(), None, None),
         }
     };
     let (base_bytes, delta_bytes, deltas) = {
@@ -310,7 +307,7 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         damaged_opens: c.get(Counter::DamagedOpens),
         lost_flushed_records: c.get(Counter::LostFlushedRecords),
         damage_at_open: None,
-        read_only_reason: inner.poisoned.lock().clone(),
+        read_only_reason: inner.poisoned.lock().as_ref().map(|e| e.to_string()),
     }
 }
 
@@ -361,5 +358,52 @@ fn ratio(a: u64, b: u64) -> f64 {
         }
     } else {
         a as f64 / b as f64
+    }
+}
+
+/// `Option<Why>` in JSON as it always was: the reason's name, or "" when
+/// the codec does not adapt.
+mod why_or_empty {
+    use super::Why;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(why: &Option<Why>, s: S) -> Result<S::Ok, S::Error> {
+        match why {
+            Some(w) => w.serialize(s),
+            None => s.serialize_str(""),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Why>, D::Error> {
+        let name = String::deserialize(d)?;
+        if name.is_empty() {
+            return Ok(None);
+        }
+        Why::deserialize(serde::de::value::StrDeserializer::<D::Error>::new(&name)).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+    struct W {
+        #[serde(default, with = "why_or_empty")]
+        why: Option<Why>,
+    }
+
+    #[test]
+    fn the_reason_reads_in_json_as_it_always_did() {
+        for (why, json) in [
+            (None, r#"{"why":""}"#),
+            (Some(Why::Cpu), r#"{"why":"cpu"}"#),
+            (Some(Why::Deferred), r#"{"why":"deferred"}"#),
+        ] {
+            let w = W { why };
+            assert_eq!(serde_json::to_string(&w).unwrap(), json);
+            assert_eq!(serde_json::from_str::<W>(json).unwrap(), w);
+        }
+        assert_eq!(serde_json::from_str::<W>("{}").unwrap(), W { why: None });
     }
 }

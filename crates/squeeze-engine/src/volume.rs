@@ -25,7 +25,7 @@ use crate::append::segment_header;
 use crate::counters::Counter;
 use crate::counters::Counters;
 use crate::damage::RecoveryDamage;
-use crate::error::{EngineError, Result};
+use crate::error::{Accounting, EngineError, Invalid, Result};
 use crate::locks::{RangeLocks, Tickets};
 use crate::map::SectorMap;
 use crate::meta::flush_marks::{self, Synced};
@@ -84,10 +84,10 @@ impl Volume {
     ) -> Result<Volume> {
         check_logical_size(opts.logical_size)?;
         if opts.max_physical != 0 && opts.max_physical < DATA_START + 4 * opts.segment_size {
-            return Err(EngineError::Invalid(format!(
-                "--max-physical must leave room for at least 4 segments ({} bytes)",
-                DATA_START + 4 * opts.segment_size
-            )));
+            return Err(EngineError::Invalid(Invalid::MaxPhysicalTooSmall {
+                bytes: opts.max_physical,
+                min: DATA_START + 4 * opts.segment_size,
+            }));
         }
         let uuid: [u8; 16] = rand::random();
         let sb = Superblock {
@@ -95,8 +95,11 @@ impl Volume {
             uuid,
             generation: 0,
             logical_size: opts.logical_size,
-            segment_size: u32::try_from(opts.segment_size)
-                .map_err(|_| EngineError::Invalid("segment size too large".into()))?,
+            segment_size: u32::try_from(opts.segment_size).map_err(|_| {
+                EngineError::Invalid(Invalid::SegmentSizeTooLarge {
+                    bytes: opts.segment_size,
+                })
+            })?,
             max_physical: opts.max_physical,
             policy: opts.policy,
             created_unix: std::time::SystemTime::now()
@@ -106,11 +109,9 @@ impl Volume {
             checkpoint: CheckpointRef::default(),
         };
         sb.validate()
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+            .map_err(|e| EngineError::Invalid(Invalid::Format(e)))?;
         if !storage.is_empty()? {
-            return Err(EngineError::Invalid(
-                "the backing store is not empty; refusing to overwrite it".into(),
-            ));
+            return Err(EngineError::Invalid(Invalid::StoreNotEmpty));
         }
         // Only the superblock slots: the rest of the first MiB stays a hole
         // (du would count 1 MiB of unwritten blocks otherwise).
@@ -465,15 +466,15 @@ impl Volume {
     pub fn set_settings(&self, policy: Option<Policy>, max_physical: Option<u64>) -> Result<()> {
         if let Some(p) = &policy {
             p.validate()
-                .map_err(|e| EngineError::Invalid(e.to_string()))?;
+                .map_err(|e| EngineError::Invalid(Invalid::Format(e)))?;
         }
         let _one = self.inner.resize_lock.lock();
         let seg = self.inner.seg_size;
         if let Some(bytes) = max_physical.filter(|&b| b != 0 && b < DATA_START + 4 * seg) {
-            return Err(EngineError::Invalid(format!(
-                "max-physical {bytes}: at least 4 segments ({} bytes) are needed",
-                DATA_START + 4 * seg
-            )));
+            return Err(EngineError::Invalid(Invalid::MaxPhysicalTooSmall {
+                bytes,
+                min: DATA_START + 4 * seg,
+            }));
         }
         self.inner.writable()?;
         let _one = self.inner.ckpt_lock.lock();
@@ -487,15 +488,15 @@ impl Volume {
             next.max_physical = bytes;
         }
         next.validate()
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+            .map_err(|e| EngineError::Invalid(Invalid::Format(e)))?;
         let cap = max_segments(&next);
         if let Some(bytes) = max_physical {
             if let Some(s) = log.table.first_used_from(cap) {
-                return Err(EngineError::Invalid(format!(
-                    "cannot cap the backing file at {bytes} bytes: segment {s} (byte {}) past \
-                     the cap is in use (squeeze compact moves data down first)",
-                    sb.segment_offset(s)
-                )));
+                return Err(EngineError::Invalid(Invalid::CapOverData {
+                    bytes,
+                    segment: s,
+                    offset: sb.segment_offset(s),
+                }));
             }
         }
         for _ in 0..2 {
@@ -537,11 +538,10 @@ impl Volume {
         if new_size < old {
             let mapped = pager::with_map(&self.inner, |st| st.map.next_mapped(first, u64::MAX))?;
             if let Some(lba) = mapped {
-                return Err(EngineError::Invalid(format!(
-                    "cannot shrink to {new_size} bytes: byte {} and perhaps more past it \
-                     hold data (trim the tail first)",
-                    lba * SECTOR
-                )));
+                return Err(EngineError::Invalid(Invalid::ShrinkOverData {
+                    size: new_size,
+                    mapped: lba * SECTOR,
+                }));
             }
             // Replay refuses a record that reaches past the end, so no
             // record written before the shrink may be replayed after it: a
@@ -556,7 +556,7 @@ impl Volume {
         let mut next = sb.clone();
         next.logical_size = new_size;
         next.validate()
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+            .map_err(|e| EngineError::Invalid(Invalid::Format(e)))?;
         for _ in 0..2 {
             sbio::write(&*self.inner.storage, &mut next).inspect_err(|e| self.inner.poison(e))?;
         }
@@ -618,10 +618,10 @@ impl Volume {
         fua: bool,
     ) -> Result<()> {
         let Some(buf) = data.get(range.clone()) else {
-            return Err(EngineError::Invalid(format!(
-                "range {range:?} outside a buffer of {} bytes",
-                data.len()
-            )));
+            return Err(EngineError::Invalid(Invalid::BufferRange {
+                range,
+                len: data.len(),
+            }));
         };
         write::write_from(
             &self.inner,
@@ -752,25 +752,28 @@ impl Volume {
     /// Verifies the accounting invariants (tests and `check`): usage equals
     /// what the map implies, and the checkpoint chain holds what each chunk
     /// that may page out holds.
-    pub fn verify_accounting(&self) -> Result<(), String> {
+    pub fn verify_accounting(&self) -> Result<(), Accounting> {
         let mut u = Usage::default();
         let st = self.inner.state.read();
         pager::for_each_chunk_locked(&self.inner, &st, |_, entries| {
             for &(_, e) in entries {
                 u.add(segment_of(e.record_offset(), self.inner.seg_size), e);
             }
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         for (s, got) in st.usage.iter() {
             if got != u.get(s) {
-                return Err(format!(
-                    "segment {s}: usage {got:?}, map implies {:?}",
-                    u.get(s)
-                ));
+                return Err(Accounting::Segment {
+                    segment: s,
+                    usage: got,
+                    implied: u.get(s),
+                });
             }
         }
         if u.live_bytes != st.usage.live_bytes {
-            return Err("total live bytes differ".into());
+            return Err(Accounting::LiveBytes {
+                usage: st.usage.live_bytes,
+                implied: u.live_bytes,
+            });
         }
         drop(st);
         pager::verify_pages(&self.inner)?;
@@ -796,16 +799,13 @@ const _: () = assert!(MAX_LOGICAL_SIZE.is_multiple_of(SECTOR));
 /// 4096 up to [`MAX_LOGICAL_SIZE`].
 fn check_logical_size(bytes: u64) -> Result<()> {
     if bytes == 0 || !bytes.is_multiple_of(SECTOR) {
-        return Err(EngineError::Invalid(format!(
-            "size {bytes}: must be a positive multiple of {SECTOR}"
-        )));
+        return Err(EngineError::Invalid(Invalid::SizeNotAligned { bytes }));
     }
     if bytes > MAX_LOGICAL_SIZE {
-        return Err(EngineError::Invalid(format!(
-            "size {bytes}: the largest logical size is {MAX_LOGICAL_SIZE} bytes (8 EiB less \
-             1 GiB), the most NBD clients take (qemu, the Linux kernel and libnbd read the \
-             export size as a signed 64-bit number, and qemu aligns it down to 1 GiB)"
-        )));
+        return Err(EngineError::Invalid(Invalid::SizeTooLarge {
+            bytes,
+            max: MAX_LOGICAL_SIZE,
+        }));
     }
     Ok(())
 }

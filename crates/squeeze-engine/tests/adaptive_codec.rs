@@ -7,6 +7,7 @@
 mod common;
 use common::*;
 use squeeze_codec::CpuPool;
+use squeeze_engine::pipeline::adapt::Why;
 use squeeze_engine::{default_policy, OpenOptions, SimStorage, Volume};
 use std::sync::Arc;
 
@@ -182,7 +183,7 @@ fn busy_cores_write_below_target_and_the_upgrade_restores_it() {
         write(&v);
     }
     let st = v.stats();
-    assert_eq!(st.write_algorithm_why, "cpu", "{st:?}");
+    assert_eq!(st.write_algorithm_why, Some(Why::Cpu), "{st:?}");
     assert_eq!(st.cpu_busy, Some(0.99));
     assert!(st.below_target_bytes >= 8 * MIB as u64, "{st:?}");
     assert!(st.bytes_per_algorithm["lz4"] > 0, "{st:?}");
@@ -212,7 +213,7 @@ fn cores_with_room_keep_the_target() {
     let st = v.stats();
     assert_eq!(st.below_target_bytes, 0, "{st:?}");
     assert_eq!(st.write_algorithm, "zstd:3");
-    assert_eq!(st.write_algorithm_why, "target");
+    assert_eq!(st.write_algorithm_why, Some(Why::Target));
     assert_eq!(st.cpu_busy, Some(0.6));
     check(&v, &datas);
     v.close().unwrap();
@@ -246,7 +247,7 @@ fn deferred_compression_writes_lz4_and_compact_restores_the_target_after_a_reope
     v.flush().unwrap();
     let st = v.stats();
     assert_eq!(st.write_algorithm, "lz4", "{st:?}");
-    assert_eq!(st.write_algorithm_why, "deferred");
+    assert_eq!(st.write_algorithm_why, Some(Why::Deferred));
     assert_eq!(st.below_target_bytes, 8 * MIB as u64, "{st:?}");
     assert_eq!(st.bytes_per_algorithm.get("zstd:3"), None, "{st:?}");
     let lz4_bytes = st.stored_bytes;
@@ -269,6 +270,6 @@ fn deferred_compression_writes_lz4_and_compact_restores_the_target_after_a_reope
     assert!(got == data);
     // Without deferral the same writes take the target.
     v.write(0, &data[..4096], false).unwrap();
-    assert_eq!(v.stats().write_algorithm_why, "target");
+    assert_eq!(v.stats().write_algorithm_why, Some(Why::Target));
     v.close().unwrap();
 }

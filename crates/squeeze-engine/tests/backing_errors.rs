@@ -8,6 +8,7 @@
 
 mod common;
 use common::*;
+use squeeze_engine::error::ReadOnly;
 use squeeze_engine::{EngineError, OpenOptions, SimFaults, SimStorage, Volume};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -147,13 +148,14 @@ fn fault_then(op: Op, fault: Fault, seed: u64) {
     );
     let reason = v.stats().read_only_reason;
     assert!(reason.is_some(), "{what}: read-only, with the reason");
-    assert!(
-        matches!(
-            v.write(0, &[1u8; 4096], false),
-            Err(EngineError::ReadOnly(_))
-        ),
-        "{what}: writes refused after the failure"
-    );
+    // Writes are refused, carrying the failure that turned the volume
+    // read-only: typed, an EIO, the reason stats gives.
+    let refused = v.write(0, &[1u8; 4096], false);
+    let Err(EngineError::ReadOnly(ReadOnly::Failed(first))) = &refused else {
+        panic!("{what}: writes refused after the failure: {refused:?}");
+    };
+    assert_eq!(first.errno(), libc::EIO, "{what}: {first}");
+    assert_eq!(reason.as_deref(), Some(first.to_string().as_str()));
     assert!(matches!(
         v.trim(0, SECTOR, false),
         Err(EngineError::ReadOnly(_))

@@ -6,6 +6,7 @@
 
 mod common;
 use common::*;
+use squeeze_engine::error::Invalid;
 use squeeze_engine::{EngineError, SimFaults, SimStorage, Volume};
 use std::sync::Arc;
 
@@ -41,8 +42,14 @@ fn grow_then_shrink_over_an_unmapped_tail() {
         Err(EngineError::OutOfRange { .. })
     ));
     // Bad sizes.
-    assert!(matches!(v.resize(0), Err(EngineError::Invalid(_))));
-    assert!(matches!(v.resize(MIB + 1), Err(EngineError::Invalid(_))));
+    assert!(matches!(
+        v.resize(0),
+        Err(EngineError::Invalid(Invalid::SizeNotAligned { bytes: 0 }))
+    ));
+    assert!(matches!(
+        v.resize(MIB + 1),
+        Err(EngineError::Invalid(Invalid::SizeNotAligned { .. }))
+    ));
     // Killed before any checkpoint after the shrink: the chain still holds
     // the tail's runs (mapped in an older piece, unmapped in a later one),
     // past the new end; the volume opens all the same.

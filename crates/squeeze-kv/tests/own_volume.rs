@@ -2,6 +2,7 @@
 //! `squeeze kv bench` and squeeze-ycsb embed): small segments and a small
 //! write-behind pool, and a file that any `squeeze` command opens as usual.
 
+use squeeze_engine::pipeline::adapt::Why;
 use squeeze_engine::{FileStorage, OpenOptions, Volume};
 use squeeze_kv::{create_volume, CreateStore, Expect, Store};
 use std::sync::Arc;
@@ -95,7 +96,7 @@ fn a_stores_own_volume_defers_compression_and_compact_brings_the_target() {
     s.flush().unwrap();
     let st = vol.stats();
     assert_eq!(st.write_algorithm, "lz4", "{st:?}");
-    assert_eq!(st.write_algorithm_why, "deferred");
+    assert_eq!(st.write_algorithm_why, Some(Why::Deferred));
     assert!(st.below_target_bytes > 0);
     let before = st.stored_bytes;
     let rep = vol.compact(|_, _| {}).unwrap();

@@ -52,7 +52,9 @@ pub struct WalStats {
 
 enum Outcome {
     Done(Lsn),
-    NoSpace(String),
+    /// The volume had no room for the group's first write: nothing of it
+    /// was written, and the log goes on.
+    NoSpace(EngineError),
     Full(String),
     Failed(String),
 }
@@ -245,7 +247,7 @@ impl Wal {
             if let Some(o) = st.done.remove(&ticket) {
                 return match o {
                     Outcome::Done(lsn) => Ok(lsn),
-                    Outcome::NoSpace(why) => Err(WalError::Volume(EngineError::NoSpace(why))),
+                    Outcome::NoSpace(e) => Err(WalError::Volume(e)),
                     Outcome::Full(why) => Err(WalError::Full(why)),
                     Outcome::Failed(why) => Err(WalError::Failed(why)),
                 };
@@ -299,15 +301,17 @@ impl Wal {
             }
             Err((first_run, e)) => {
                 let why = e.to_string();
-                let no_space = first_run && matches!(e, WalError::Volume(EngineError::NoSpace(_)));
-                if !no_space {
+                let no_space = match e {
+                    WalError::Volume(e @ EngineError::NoSpace(_)) if first_run => Some(e),
+                    _ => None,
+                };
+                if no_space.is_none() {
                     st.failed = Some(why.clone());
                 }
                 for (ticket, _) in plan.placed {
-                    let o = if no_space {
-                        Outcome::NoSpace(why.clone())
-                    } else {
-                        Outcome::Failed(why.clone())
+                    let o = match &no_space {
+                        Some(e) => Outcome::NoSpace(e.duplicate()),
+                        None => Outcome::Failed(why.clone()),
                     };
                     st.done.insert(ticket, o);
                 }

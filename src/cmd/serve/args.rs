@@ -145,7 +145,7 @@ fn parse_gc(s: &str) -> Result<f64, String> {
         .trim_end_matches('%')
         .parse()
         .map_err(|e| format!("{s:?} is not a percentage: {e}"))?;
-    squeeze_engine::GcPolicy::with_budget(p / 100.0)?;
+    squeeze_engine::GcPolicy::with_budget(p / 100.0).map_err(|e| e.to_string())?;
     Ok(p)
 }
 

@@ -32,7 +32,7 @@
 
 use crate::chain_index::{ChainIndex, IndexBuilder, PieceIndex};
 use crate::counters::{Counter, COUNTERS};
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Internal, NoSpace, Result};
 use crate::meta::pager;
 use crate::meta::superblock as sbio;
 use crate::space::Usage;
@@ -127,9 +127,7 @@ pub fn write_base_if_room(inner: &Inner) -> Result<()> {
 
 fn write_piece(inner: &Inner, clean: bool, force_base: bool) -> Result<()> {
     let _one = inner.ckpt_lock.lock();
-    if let Some(why) = inner.poisoned.lock().clone() {
-        return Err(EngineError::ReadOnly(why));
-    }
+    inner.check_not_poisoned()?;
     let mut base = force_base || wants_base(inner);
     let chain = inner.sb.lock().checkpoint.clone();
     // 1. The piece, at the head.
@@ -324,9 +322,11 @@ impl AllocError {
     /// volume); call without the log lock held.
     fn into_engine(self, inner: &Inner) -> EngineError {
         match self {
-            AllocError::NoFree => EngineError::NoSpace("no free segment for a checkpoint".into()),
+            AllocError::NoFree => EngineError::NoSpace(NoSpace::CheckpointSegment),
             AllocError::Io(e) => match inner.storage_failed(e) {
-                EngineError::NoSpace(why) => EngineError::NoSpace(format!("checkpoint: {why}")),
+                EngineError::NoSpace(NoSpace::Backing(e)) => {
+                    EngineError::NoSpace(NoSpace::CheckpointBacking(e))
+                }
                 other => other,
             },
         }
@@ -429,9 +429,9 @@ fn stream_piece(
     if segs.len() as u64 + fresh > squeeze_format::superblock::MAX_CKPT_SEGMENTS as u64 {
         return match delta {
             Some(_) => Built::TooLong,
-            None => Built::Refused(EngineError::NoSpace(format!(
-                "checkpoint needs {fresh} segments; use a larger segment size"
-            ))),
+            None => Built::Refused(EngineError::NoSpace(NoSpace::CheckpointTooLong {
+                segments: fresh,
+            })),
         };
     }
     if room > 0 {
@@ -468,7 +468,7 @@ fn stream_piece(
         None => st.map.for_each_run(
             |c, pieces| match &st.chain {
                 Some(chain) => pager::read_back_chunk(inner, chain, c, pieces),
-                None => Err(inner.internal(format!("map chunk {c} is paged out without a chain"))),
+                None => Err(inner.internal(Internal::PagedWithoutChain { chunk: c })),
             },
             &mut put,
         ),

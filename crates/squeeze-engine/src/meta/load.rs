@@ -16,7 +16,7 @@
 //! first checkpoint writes a base (format 1 is read, no longer written).
 
 use crate::chain_index::{ChainIndex, IndexBuilder};
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Internal, Result};
 use crate::map::{Paged, SectorMap};
 use crate::meta::pager::Pager;
 use crate::space::Usage;
@@ -371,11 +371,7 @@ fn load_v1(stream: &[u8], sb: &Superblock, st: &mut MapState) -> Result<(Checkpo
     let usage = &mut st.usage;
     let mut max_end = 0u64;
     st.map.for_each_run(
-        |c, _| {
-            Err(EngineError::Internal(format!(
-                "map chunk {c} paged out at open"
-            )))
-        },
+        |c, _| Err(EngineError::Internal(Internal::PagedAtOpen { chunk: c })),
         |r| {
             let seg = segment_of(r.first.record_offset(), seg_size);
             usage.add_run(seg, r.first, r.sectors);

@@ -20,7 +20,7 @@
 
 use crate::chain_index::ChainIndex;
 use crate::counters::Counter;
-use crate::error::{EngineError, Result};
+use crate::error::{Accounting, EngineError, Internal, Result};
 use crate::map::{LoadedChunk, Paged};
 use crate::space::SegmentId;
 use crate::state::map_state::MapState;
@@ -58,10 +58,10 @@ impl ChainBytes<'_> {
             let within = at % self.seg_size;
             let n = ((self.seg_size - within) as usize).min(out.len());
             let Some(&seg) = segments.get(k) else {
-                return Err(EngineError::Internal(format!(
-                    "map paging: chain byte {at} lies past the chain's {} segments",
-                    segments.len()
-                )));
+                return Err(EngineError::Internal(Internal::ChainBytePastEnd {
+                    at,
+                    segments: segments.len(),
+                }));
             };
             let (now, rest) = out.split_at_mut(n);
             self.storage
@@ -88,10 +88,11 @@ pub(crate) fn read_back(
     let mut buf = Vec::new();
     for &k in pieces {
         let Some(p) = chain.pieces.get(usize::from(k)) else {
-            return Err(EngineError::Internal(format!(
-                "map chunk {c} is in piece {k} of a chain of {}",
-                chain.pieces.len()
-            )));
+            return Err(EngineError::Internal(Internal::PieceOutsideChain {
+                chunk: c,
+                piece: k,
+                pieces: chain.pieces.len(),
+            }));
         };
         let g = p.groups_touching(lo, hi);
         if g.is_empty() {
@@ -149,19 +150,16 @@ impl<'a> Pager<'a> {
             return Ok(());
         };
         let Some(chain) = st.chain.as_ref() else {
-            return Err(EngineError::Internal(format!(
-                "map chunk {c} is paged out without a chain"
-            )));
+            return Err(EngineError::Internal(Internal::PagedWithoutChain {
+                chunk: c,
+            }));
         };
         let loaded = read_back(self.src, chain, c, &pieces)?;
         let looks = FAULT_LOOKS.min(st.map.resident_count());
         let out = st.map.evict(self.cache, looks, self.below);
-        st.map.install(c, loaded).map_err(|why| {
-            EngineError::Metadata(FormatError::Invalid {
-                what: "checkpoint chain",
-                why,
-            })
-        })?;
+        st.map
+            .install(c, loaded)
+            .map_err(EngineError::ChainMismatch)?;
         self.faults += 1;
         self.evictions += out.chunks;
         Ok(())
@@ -294,11 +292,9 @@ fn entries_of(
         (None, _) => st
             .map
             .chunk_entries(c)
-            .map_err(|p| inner.internal(format!("map chunk {} paged out twice", p.0))),
+            .map_err(|p| inner.internal(Internal::PagedTwice { chunk: p.0 })),
         (Some(pieces), Some(chain)) => Ok(read_back_chunk(inner, chain, c, &pieces)?.entries()),
-        (Some(_), None) => {
-            Err(inner.internal(format!("map chunk {c} is paged out without a chain")))
-        }
+        (Some(_), None) => Err(inner.internal(Internal::PagedWithoutChain { chunk: c })),
     }
 }
 
@@ -340,22 +336,19 @@ pub(crate) fn for_each_chunk_locked(
 
 /// Checks that the chain holds what each resident chunk that could page out
 /// holds (`Volume::verify_accounting`): reads each back and compares.
-pub(crate) fn verify_pages(inner: &Inner) -> std::result::Result<(), String> {
+pub(crate) fn verify_pages(inner: &Inner) -> std::result::Result<(), Accounting> {
     let st = inner.state.read();
     let Some(chain) = st.chain.as_ref() else {
         return Ok(());
     };
     for (c, pieces) in st.map.clean_chunks() {
-        let back = read_back_chunk(inner, chain, c, &pieces).map_err(|e| e.to_string())?;
+        let back = read_back_chunk(inner, chain, c, &pieces)?;
         let here = st
             .map
             .chunk_entries(c)
-            .map_err(|p| format!("chunk {} paged", p.0))?;
+            .map_err(|p| Accounting::ChunkPaged { chunk: p.0 })?;
         if back.entries() != here {
-            return Err(format!(
-                "map chunk {c}: the checkpoint chain (pieces {pieces:?}) does not hold \
-                 what the map does"
-            ));
+            return Err(Accounting::ChainDiffers { chunk: c, pieces });
         }
     }
     Ok(())

@@ -2,7 +2,7 @@
 //! the new generation selects and is synced before it counts; reading takes
 //! the valid slot with the highest generation.
 
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, NotAVolume, Result};
 use crate::storage::Storage;
 use squeeze_format::{FormatError, Superblock, DATA_START, SUPERBLOCK_SIZE};
 
@@ -51,9 +51,7 @@ pub fn read_slots(storage: &dyn Storage) -> Result<Slots> {
                 }));
             }
         }
-        return Err(EngineError::NotAVolume(format!(
-            "the file is {len} bytes, shorter than the superblock area"
-        )));
+        return Err(EngineError::NotAVolume(NotAVolume::ShortFile { len }));
     }
     storage.read_at(&mut buf, 0)?;
     let slot_bytes = |slot: usize| &buf[slot * SUPERBLOCK_SIZE..(slot + 1) * SUPERBLOCK_SIZE];
@@ -116,7 +114,7 @@ pub fn read_slots(storage: &dyn Storage) -> Result<Slots> {
                 })
             }
             (FormatError::BadMagic { .. }, FormatError::BadMagic { .. }) => {
-                EngineError::NotAVolume("no squeeze superblock (bad magic)".into())
+                EngineError::NotAVolume(NotAVolume::BadMagic)
             }
             (e, _) => EngineError::Metadata(FormatError::Invalid {
                 what: "superblock",

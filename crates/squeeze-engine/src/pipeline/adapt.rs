@@ -324,8 +324,10 @@ impl std::fmt::Debug for AdaptConfig {
     }
 }
 
-/// Why a write batch gets the rung it gets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Why a write batch gets the rung it gets. Serialised as its
+/// [`Why::as_str`] name ("target", "cpu", ...); displayed as a phrase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Why {
     /// The target: nothing is short.
     Target,
@@ -348,6 +350,18 @@ impl Why {
             Why::Trial => "trial",
             Why::Deferred => "deferred",
         }
+    }
+}
+
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Why::Target => "the target rung",
+            Why::Backlog => "the compression threads were behind",
+            Why::Cpu => "the cores were busy",
+            Why::Trial => "a trial found the client faster with it",
+            Why::Deferred => "compression deferred to the idle upgrade",
+        })
     }
 }
 

@@ -50,6 +50,7 @@
 //! The mailbox the thread takes its requests from is a part of `Inner`
 //! (`state::ahead_mailbox`); this module is the thread and the release.
 
+use crate::error::Internal;
 use crate::state::ahead_mailbox::Request;
 use crate::state::log_state::LogState;
 use crate::state::Inner;
@@ -140,10 +141,11 @@ pub(crate) fn release(inner: &Inner) -> std::io::Result<u64> {
     // at or after the head and end inside that segment (a head outside its
     // segment once made this punch the records replay had just found).
     if !log.head_in_segment(inner.seg_size) {
-        let why = format!(
-            "log head {} / allocated end {} outside the head segment {}",
-            log.head_offset, log.allocated_end, log.head_segment
-        );
+        let why = Internal::AllocationOutsideSegment {
+            head_offset: log.head_offset,
+            allocated_end: log.allocated_end,
+            segment: log.head_segment,
+        };
         drop(log);
         return Err(inner.internal(why).into_io());
     }

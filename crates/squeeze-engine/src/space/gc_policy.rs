@@ -55,19 +55,27 @@ impl Default for GcPolicy {
 
 impl GcPolicy {
     /// A policy with `budget` (a fraction), refused outside the range.
-    pub fn with_budget(budget: f64) -> std::result::Result<GcPolicy, String> {
+    pub fn with_budget(budget: f64) -> std::result::Result<GcPolicy, BudgetOutOfRange> {
         if !(GARBAGE_BUDGET_MIN..=GARBAGE_BUDGET_MAX).contains(&budget) {
-            return Err(format!(
-                "a garbage budget of {:.0}% is outside {:.0}%..={:.0}%",
-                budget * 100.0,
-                GARBAGE_BUDGET_MIN * 100.0,
-                GARBAGE_BUDGET_MAX * 100.0
-            ));
+            return Err(BudgetOutOfRange { budget });
         }
         Ok(GcPolicy {
             garbage_budget: budget,
         })
     }
+}
+
+/// A garbage budget outside `GARBAGE_BUDGET_MIN..=GARBAGE_BUDGET_MAX`.
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[error(
+    "a garbage budget of {:.0}% is outside {:.0}%..={:.0}%",
+    budget * 100.0,
+    GARBAGE_BUDGET_MIN * 100.0,
+    GARBAGE_BUDGET_MAX * 100.0
+)]
+pub struct BudgetOutOfRange {
+    /// The budget asked for (a fraction).
+    pub budget: f64,
 }
 
 /// Fewer free segments than this, and the cleaner takes any victim and
