@@ -17,7 +17,8 @@
 
 use crate::chain_index::{ChainIndex, IndexBuilder};
 use crate::error::{EngineError, Result};
-use crate::map::{Paged, SectorMap};
+use crate::map::paging::Paged;
+use crate::map::SectorMap;
 use crate::meta::pager::Pager;
 use crate::space::Usage;
 use crate::state::{max_segments, segment_of, MapState};

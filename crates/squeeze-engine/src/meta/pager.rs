@@ -21,7 +21,7 @@
 use crate::chain_index::ChainIndex;
 use crate::counters::Counter;
 use crate::error::{EngineError, Result};
-use crate::map::{LoadedChunk, Paged};
+use crate::map::paging::{LoadedChunk, Paged};
 use crate::space::SegmentId;
 use crate::state::{Inner, MapState};
 use crate::storage::Storage;
