@@ -23,7 +23,8 @@ use crate::meta::pager::Pager;
 use crate::space::Usage;
 use crate::state::{max_segments, segment_of, MapState};
 use crate::storage::Storage;
-use squeeze_format::checkpoint::{ChainOrder, MapRun};
+use squeeze_format::checkpoint::decode::ChainOrder;
+use squeeze_format::checkpoint::MapRun;
 use squeeze_format::checkpoint_v1::CheckpointReader;
 use squeeze_format::{
     checksum, FormatError, MapEntry, PieceDecoder, PieceKind, SegmentNote, Superblock,
