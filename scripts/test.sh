@@ -17,6 +17,9 @@ step() { printf '\n==> %s\n' "$*"; }
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "the house rules (scripts/check_house.py: no engine import cycle, no file over 800 lines without a reason, no subcommand importing another)"
+python3 scripts/check_house.py
+
 step "bench/report.py, bench/pg_fillfactor.py and bench/results.py tests"
 # report.py draws its charts with `squeeze chart`: the debug binary, built here
 cargo build -p squeeze --bin squeeze

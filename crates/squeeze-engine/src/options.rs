@@ -85,11 +85,11 @@ pub struct OpenOptions {
     /// clients are idle: clients do not wait on compression they could
     /// skip, and the volume converges to the target's ratio.
     pub no_adapt: bool,
-    /// The adaptive codec's control law; None: `pipeline::adapt::LAW_DEFAULT`.
-    pub adapt_law: Option<crate::pipeline::adapt::Law>,
+    /// The adaptive codec's control law; None: `pipeline::law::LAW_DEFAULT`.
+    pub adapt_law: Option<crate::pipeline::law::Law>,
     /// Also step down the ladder while the machine's cores are busy
     /// (`pipeline::headroom`: `squeeze serve` passes /proc/stat's reader),
-    /// under `pipeline::adapt::HEADROOM_LAW`. None: the engine's backlog
+    /// under `pipeline::law::HEADROOM_LAW`. None: the engine's backlog
     /// alone decides, as for an embedded volume by default.
     pub adapt_cpu: Option<Arc<dyn crate::pipeline::headroom::BusySource>>,
     /// Deferred compression (`pipeline::adapt::AdaptConfig::defer`): client

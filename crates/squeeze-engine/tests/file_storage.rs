@@ -5,7 +5,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use squeeze_engine::storage::write_behind::BLOCK;
+use squeeze_engine::storage::aligned::BLOCK;
 use squeeze_engine::storage::{WRITE_BEHIND_CHUNK, WRITE_BEHIND_CHUNKS};
 use squeeze_engine::{FileOptions, FileStorage, IoMode, Storage};
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The checkpoint stream of format version 1: one whole snapshot of the
 //! sector map (dense chunks), the log position to replay from, and the
 //! persistent counters. Format 2 replaced it with a chain of run-encoded
-//! pieces (`checkpoint.rs`); this reader stays so that a version 1 volume
+//! pieces (`checkpoint/`); this reader stays so that a version 1 volume
 //! opens (and is upgraded by its first checkpoint), and the writer so that
 //! tests and the fuzz corpus can build version 1 streams.
 //!
@@ -108,7 +108,7 @@ impl<'a> CheckpointReader<'a> {
         if b.len() < CHECKPOINT_HEADER_SIZE {
             return Err(trunc(CHECKPOINT_HEADER_SIZE));
         }
-        crate::checkpoint::check_magic_and_version(b, VERSION..=VERSION)?;
+        crate::checkpoint::decode::check_magic_and_version(b, VERSION..=VERSION)?;
         if &b[16..32] != uuid {
             return Err(FormatError::WrongVolume { what: "checkpoint" });
         }

@@ -5,12 +5,10 @@
 //! and its layout first, then the counters and notes, then every run as it
 //! arrives, the padding, and the CRC of the whole piece at the end.
 //!
-//! [`Piece::decode`]: crate::checkpoint::Piece::decode
+//! [`Piece::decode`]: crate::checkpoint::decode::Piece::decode
 
-use crate::checkpoint::{
-    decode_counters_and_notes, decode_fixed, decode_run, Fixed, PieceHeader, RunCheck, SegmentNote,
-    PIECE_HEADER_SIZE, RUN_BYTES,
-};
+use crate::checkpoint::decode::{decode_counters_and_notes, decode_fixed, Fixed, RunCheck};
+use crate::checkpoint::{decode_run, PieceHeader, SegmentNote, PIECE_HEADER_SIZE, RUN_BYTES};
 use crate::{checksum, FormatError, MapRun};
 
 /// Where a piece's CRC lies: the CRC is computed with these bytes zero.

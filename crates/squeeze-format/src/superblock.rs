@@ -42,7 +42,7 @@ use crate::{checksum, CodecId, FormatError};
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"SQUEEZE\0";
 /// The format version this build writes. It also reads versions 1 to 3:
 /// version 1's checkpoint is one dense stream instead of a chain of
-/// pieces, version 2's pieces carry no segment notes (`checkpoint.rs`);
+/// pieces, version 2's pieces carry no segment notes (`checkpoint/`);
 /// the first checkpoint written on such a volume is a base in this
 /// version, which upgrades it. Version 3 differs from 4 only in its log:
 /// every record has a full header, where version 4 writes short ones

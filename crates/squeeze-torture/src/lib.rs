@@ -19,11 +19,16 @@
 //! the threads and the moment of the kill relative to the requests still
 //! depend on timing.
 
+mod clients;
 pub mod content;
 pub mod model;
 pub mod nbd;
+pub mod options;
 pub mod proc;
+pub mod report;
 pub mod rng;
 pub mod torture;
 
-pub use torture::{run, Failure, Options, Totals};
+pub use options::Options;
+pub use report::{Failure, Totals};
+pub use torture::run;

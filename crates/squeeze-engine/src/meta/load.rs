@@ -17,13 +17,15 @@
 
 use crate::chain_index::{ChainIndex, IndexBuilder};
 use crate::error::{EngineError, Internal, Result};
-use crate::map::{Paged, SectorMap};
+use crate::map::paging::Paged;
+use crate::map::SectorMap;
 use crate::meta::pager::Pager;
 use crate::space::Usage;
 use crate::state::log_state::{max_segments, segment_of};
 use crate::state::map_state::MapState;
 use crate::storage::Storage;
-use squeeze_format::checkpoint::{ChainOrder, MapRun};
+use squeeze_format::checkpoint::decode::ChainOrder;
+use squeeze_format::checkpoint::MapRun;
 use squeeze_format::checkpoint_v1::CheckpointReader;
 use squeeze_format::{
     checksum, FormatError, MapEntry, PieceDecoder, PieceKind, SegmentNote, Superblock,

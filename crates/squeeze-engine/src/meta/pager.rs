@@ -21,7 +21,7 @@
 use crate::chain_index::ChainIndex;
 use crate::counters::Counter;
 use crate::error::{Accounting, EngineError, Internal, Result};
-use crate::map::{LoadedChunk, Paged};
+use crate::map::paging::{LoadedChunk, Paged};
 use crate::space::SegmentId;
 use crate::state::map_state::MapState;
 use crate::state::Inner;

@@ -1,13 +1,15 @@
 //! The write pipeline, one stage per module, in data-path order:
 //! [`split`] (sectors -> zero runs and blobs) -> [`policy`] (mode, hints,
 //! required ratio; [`adapt`]: the rung of the codec ladder under load,
-//! from the engine's backlog and [`headroom`], the machine's busy CPU) ->
+//! from the engine's backlog and [`headroom`], the machine's busy CPU, each
+//! through a [`law`]) ->
 //! [`compress`] (batch through the compression engine).
 //! The volume then appends the encoded blobs to the log.
 
 pub mod adapt;
 pub mod compress;
 pub mod headroom;
+pub mod law;
 pub mod policy;
 pub mod split;
 pub mod trial;

@@ -8,8 +8,9 @@
 //! file system refuses O_DIRECT or `SQUEEZE_IO=buffered` is set; then they
 //! go through the page cache as plain positional writes.
 
+use super::aligned::{AlignedBuf, BLOCK};
 use super::direct::Direct;
-use super::write_behind::{AlignedBuf, Disk, BLOCK};
+use super::write_behind::Disk;
 use super::Storage;
 use std::fs::{File, OpenOptions};
 use std::io;

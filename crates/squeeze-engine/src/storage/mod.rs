@@ -7,6 +7,7 @@
 //! `allocate` reserves room so later writes inside it cannot fail for lack
 //! of space; `punch` frees room and the range reads as zeros afterwards.
 
+pub mod aligned;
 mod direct;
 mod file;
 mod holder;

@@ -14,8 +14,9 @@
 //! chunks staged in memory and never written, or written late and in any
 //! order.
 
+use super::aligned::BLOCK;
 use super::direct::Direct;
-use super::write_behind::{Disk, BLOCK};
+use super::write_behind::Disk;
 use super::Storage;
 use parking_lot::Mutex;
 use rand::Rng;

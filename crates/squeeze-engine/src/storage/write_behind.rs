@@ -25,15 +25,15 @@
 //! Rewriting bytes that are already durable with the same values is safe
 //! even if the write tears.
 
+use super::aligned::AlignedBuf;
 use parking_lot::Mutex;
-use std::alloc::{self, Layout};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Alignment of direct I/O: offsets, lengths and buffers.
-pub const BLOCK: usize = 4096;
+// Also named here (`space::prewrite`): the alignment the pool writes in.
+pub use super::aligned::BLOCK;
 
 /// What staging needs of the file under it.
 pub trait Disk {
@@ -46,53 +46,6 @@ pub trait Disk {
     /// Writes `BLOCK`-aligned bytes from a `BLOCK`-aligned buffer, bypassing
     /// the page cache.
     fn write_direct(&self, data: &[u8], offset: u64) -> io::Result<()>;
-}
-
-/// A zeroed, `BLOCK`-aligned heap buffer.
-pub struct AlignedBuf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: AlignedBuf owns its allocation exclusively, like a Box<[u8]>.
-unsafe impl Send for AlignedBuf {}
-// SAFETY: shared references only hand out &[u8].
-unsafe impl Sync for AlignedBuf {}
-
-impl AlignedBuf {
-    pub fn new(len: usize) -> AlignedBuf {
-        assert!(len > 0 && len.is_multiple_of(BLOCK));
-        let layout = Layout::from_size_align(len, BLOCK).expect("valid layout");
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            alloc::handle_alloc_error(layout);
-        }
-        AlignedBuf { ptr, len }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.len, BLOCK).expect("valid layout");
-        // SAFETY: allocated in `new` with this very layout.
-        unsafe { alloc::dealloc(self.ptr, layout) }
-    }
-}
-
-impl std::ops::Deref for AlignedBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        // SAFETY: ptr is valid for len initialised (zeroed) bytes.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl std::ops::DerefMut for AlignedBuf {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and &mut self makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
 }
 
 /// Sorted, disjoint, non-adjacent byte ranges inside one chunk.

@@ -3,7 +3,7 @@
 
 use rand::{Rng, SeedableRng};
 use squeeze_codec::{CpuPool, Saturated};
-use squeeze_engine::pipeline::adapt::{Law, LAW_DEFAULT};
+use squeeze_engine::pipeline::law::{Law, LAW_DEFAULT};
 use squeeze_engine::{CreateOptions, OpenOptions, Policy, SimStorage, Volume};
 use std::sync::Arc;
 
