@@ -11,9 +11,9 @@
 //!
 //! Invariant: only tracked chunks (whose pieces are known) are paged out.
 
-use crate::error::ChunkMismatch;
 use super::chunk::Chunk;
 use super::{SectorMap, Slot};
+use crate::error::ChunkMismatch;
 use squeeze_format::{MapEntry, MapRun, CHUNK_ENTRIES};
 use std::sync::atomic::{AtomicBool, Ordering};
 
