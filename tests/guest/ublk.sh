@@ -59,6 +59,11 @@ check() {
 counter() {
   "$BIN" stats --json "$CTL" 2>/dev/null | sed -n "s/^ *\"$1\": \([0-9.]*\),\{0,1\}$/\1/p" | head -n1
 }
+# ublk_counter KEY: a number from the "ublk" part of squeeze stats --json
+# (the device's request counters; "nbd_server" comes before it).
+ublk_counter() {
+  "$BIN" stats --json "$CTL" 2>/dev/null | sed -n '/"ublk": {/,$p' | sed -n "s/^ *\"$1\": \([0-9.]*\),\{0,1\}$/\1/p" | head -n1
+}
 timed() {
   local name=$1 t rc=0
   t=$(date +%s)
@@ -142,8 +147,10 @@ copy_all() {
 }
 timed "cp -a" copy_all
 check "cp -a each of $COPY to $MNT/copy/..." test $? -eq 0
+flushes0=$(ublk_counter flush)
 timed "sync" sync
 check "sync" test $? -eq 0
+check "sync reached the server as ublk flushes ($flushes0 -> $(ublk_counter flush))" test "$(ublk_counter flush)" -gt "$flushes0"
 check "umount and mount again" sh -c "umount $MNT && mount $DEV $MNT"
 diff_all() {
   local d i=0 pids=() rc=0
@@ -163,9 +170,11 @@ cat "$OUT"/diff-*.txt | head -n 20 | sed 's/^/  diff: /'
 rm -rf "$MNT/copy"
 sync
 mapped0=$(counter mapped_bytes)
+discards0=$(ublk_counter discard)
 timed "fstrim" fstrim -v "$MNT"
 check "fstrim $MNT" test $? -eq 0
 mapped1=$(counter mapped_bytes)
+check "fstrim reached the server as ublk discards ($discards0 -> $(ublk_counter discard))" test "$(ublk_counter discard)" -gt "$discards0"
 # shellcheck disable=SC2086
 copied=$(du -s --block-size=1 $COPY | awk '{ n += $1 } END { print n }')
 check "fstrim unmapped at least 3/4 of the $((copied / MiB)) MiB deleted (squeeze stats: mapped $((mapped0 / MiB)) MiB -> $((mapped1 / MiB)) MiB)" \
@@ -178,8 +187,11 @@ dd if=/dev/urandom of="$W/random" bs=1M count=32 status=none
 dd if="$W/random" of="$DEV" bs=1M seek=$((base / MiB)) oflag=direct conv=fsync status=none
 read_mib() { dd if="$DEV" bs=1M skip=$(($1 / MiB)) count="$2" iflag=direct status=none; }
 check "32 MiB of random data written at 1 GiB read back" cmp -s "$W/random" <(read_mib "$base" 32)
+wz0=$(ublk_counter write_zeroes)
 timed "blkdiscard -z" blkdiscard -f -z -o $((base + 8 * MiB)) -l $((16 * MiB)) "$DEV"
 check "blkdiscard -f -z -o $((base + 8 * MiB)) -l $((16 * MiB)) $DEV" test $? -eq 0
+check "blkdiscard -z reached the server as ublk write-zeroes ($wz0 -> $(ublk_counter write_zeroes))" \
+  test "$(ublk_counter write_zeroes)" -gt "$wz0"
 check "the 16 MiB range reads back as zeros" cmp -s -n $((16 * MiB)) /dev/zero <(read_mib $((base + 8 * MiB)) 16)
 around_intact() {
   cmp -s -n $((8 * MiB)) "$W/random" <(read_mib "$base" 8) &&
@@ -245,6 +257,8 @@ for k in $(seq "$KILLS"); do
   done
 done
 check "the server was SIGKILLed and took $DEV over again $KILLS times" test "$restart_ok" -eq "$KILLS"
+check "squeeze stats shows the device taken over" sh -c "'$BIN' stats '$CTL' | grep -q 'ublk device .*$DEV (taken over'"
+"$BIN" stats "$CTL" 2>/dev/null | grep '^ublk' | sed 's/^/  /'
 sleep 2
 touch "$W/stop"
 wait "$WRITER_PID"

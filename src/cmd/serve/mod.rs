@@ -21,8 +21,9 @@
 //! The rooms: `args` (the options, TLS, the NBD server's configuration),
 //! `volumes` (opening, creating and closing the served volumes), `device`
 //! (the adapter), `fuse` (the FUSE export), `ublk` (the ublk devices:
-//! adding, taking over after a crash, removing) and `ublk_queue` (their
-//! queues: requests to the adapter), `control` (the control
+//! adding, taking over after a crash, removing), `ublk_queue` (their
+//! queues: requests to the adapter) and `ublk_stats` (their counters),
+//! `control` (the control
 //! socket's server), `metrics` (Prometheus over HTTP), `accept` (the accept
 //! loop those two share), `watch` (the low-space watcher), `stats_threads`
 //! (starting and stopping those three) and `connect_help` (what the server
@@ -39,6 +40,7 @@ mod metrics;
 mod stats_threads;
 mod ublk;
 mod ublk_queue;
+mod ublk_stats;
 mod volumes;
 mod watch;
 
@@ -123,7 +125,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .control
         .clone()
         .unwrap_or_else(|| paths[0].with_extension("ctl"));
-    let stats = StatsThreads::start(&control_path, a.metrics.as_deref(), &devices, &server)?;
+    let ublk_registry = ublk_stats::UblkRegistry::default();
+    let stats = StatsThreads::start(
+        &control_path,
+        a.metrics.as_deref(),
+        &devices,
+        &server,
+        &ublk_registry,
+    )?;
     let fuse = match &a.fuse_dir {
         Some(dir) => Some(fuse::FuseExport::mount(
             dir,
@@ -134,7 +143,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
 
     let ublk = if a.ublk {
-        match ublk::UblkExport::start(&devices, &paths, &ublk_options(&a)) {
+        match ublk::UblkExport::start(&devices, &paths, &ublk_options(&a), &ublk_registry) {
             Ok(u) => Some(u),
             Err(e) => {
                 if let Some(f) = fuse {

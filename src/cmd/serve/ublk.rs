@@ -39,7 +39,8 @@
 //! first, or the file system above gets I/O errors.
 
 use super::device::{volume_write_slots, VolumeDevice};
-use super::ublk_queue::{serve_queue, UblkCounters, Workers};
+use super::ublk_queue::{serve_queue, Workers};
+use super::ublk_stats::{UblkCounters, UblkDeviceStats, UblkRegistry};
 use anyhow::{bail, Context, Result};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
@@ -278,6 +279,7 @@ impl UblkExport {
         devices: &[(String, Arc<VolumeDevice>)],
         paths: &[std::path::PathBuf],
         o: &UblkOptions,
+        registry: &UblkRegistry,
     ) -> Result<UblkExport> {
         check_driver()?;
         if o.ids.len() > devices.len() {
@@ -328,6 +330,12 @@ impl UblkExport {
                     bail!("--ublk: volume {name}: the device did not come up in {START_TIMEOUT:?}");
                 }
             };
+            registry.lock().push(UblkDeviceStats {
+                volume: name.clone(),
+                device: format!("/dev/ublkb{id}"),
+                taken_over: recovered,
+                counters: counters.clone(),
+            });
             export.running.push(Running {
                 name: name.clone(),
                 id,

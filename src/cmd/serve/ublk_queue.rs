@@ -31,6 +31,7 @@
 //! and the queue's thread commits every result waiting on the channel.
 
 use super::device::VolumeDevice;
+use super::ublk_stats::UblkCounters;
 use crossbeam_channel::{Receiver, Sender};
 use libublk::helpers::IoBuf;
 use libublk::io::{BufDescList, UblkDev, UblkIOCtx, UblkQueue};
@@ -38,25 +39,12 @@ use libublk::sys;
 use libublk::{BufDesc, UblkIORes};
 use squeeze_nbd::BlockDevice;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// The tag of the eventfd read in user data (not a request tag: those are
 /// below the queue depth, at most `UBLK_MAX_QUEUE_DEPTH`).
 const EVENTFD_TAG: u16 = u16::MAX;
-
-/// Requests served, by kind, over all queues of one device.
-#[derive(Default)]
-pub struct UblkCounters {
-    pub reads: AtomicU64,
-    pub writes: AtomicU64,
-    pub flushes: AtomicU64,
-    pub discards: AtomicU64,
-    pub write_zeroes: AtomicU64,
-    pub bytes_read: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub errors: AtomicU64,
-}
 
 /// A request lent to a worker.
 pub(super) struct Job {
