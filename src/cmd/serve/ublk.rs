@@ -36,7 +36,8 @@
 //! was flushed survives it, as on a disk with a volatile cache.
 //!
 //! A clean stop (SIGINT, SIGTERM) stops and deletes the devices: unmount
-//! first, or the file system above gets I/O errors.
+//! first, or the file system above gets I/O errors (the server exits all
+//! the same; the kernel frees the device once the file system lets go).
 
 use super::device::{volume_write_slots, VolumeDevice};
 use super::ublk_queue::{serve_queue, Workers};
@@ -255,8 +256,13 @@ fn run_device(
         fail(anyhow::anyhow!("starting the ublk device: {e}"));
     }
     // Queues down (a stop, or the device deleted from outside): remove it.
-    // A device taken over is not deleted by the drop of its control.
-    let _ = ctrl.del_dev();
+    // A device taken over is not deleted by the drop of its control. The
+    // asynchronous delete (Linux 6.9) does not wait for the block device's
+    // last user: a file system still mounted on it (it gets I/O errors
+    // now) does not hold the server's exit. Before 6.9 the delete waits.
+    if ctrl.del_dev_async().is_err() {
+        let _ = ctrl.del_dev();
+    }
 }
 
 /// Fails unless the kernel's ublk driver is there (before any volume is
