@@ -64,6 +64,9 @@ pub struct LiveStats {
     /// The NBD server's counters (connections, requests by type, bytes,
     /// errors), for all its exports together.
     pub server: serde_json::Value,
+    /// `serve --ublk`'s devices by volume (device, requests by type,
+    /// bytes, errors); Null without them.
+    pub ublk: serde_json::Value,
 }
 
 /// Reads the live statistics from a server's control socket.
@@ -84,6 +87,7 @@ pub fn query_control(path: &Path) -> Result<LiveStats> {
             .map(|(k, v)| Ok((k.clone(), stats_from_json(v)?)))
             .collect::<Result<_>>()?,
         server: v["server"].clone(),
+        ublk: v["ublk"].clone(),
     })
 }
 

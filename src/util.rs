@@ -220,8 +220,18 @@ pub fn check_volume_file(path: &Path) -> Result<()> {
 
 /// Opens a volume for writing with the given options.
 pub fn open_volume_with(path: &Path, opts: OpenOptions) -> Result<Volume> {
+    open_volume_io(path, opts, squeeze_engine::IoMode::from_env())
+}
+
+/// `open_volume_with` on the write path `mode` (`serve --ublk` needs the
+/// page cache's: it outlives the process).
+pub fn open_volume_io(
+    path: &Path,
+    opts: OpenOptions,
+    mode: squeeze_engine::IoMode,
+) -> Result<Volume> {
     check_volume_file(path)?;
-    let storage = FileStorage::open(path)
+    let storage = FileStorage::open_with(path, mode)
         .with_context(|| format!("cannot open volume {}", path.display()))?;
     Volume::open(Arc::new(storage), opts).map_err(|e| open_failed(path, e))
 }

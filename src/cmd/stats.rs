@@ -21,9 +21,11 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<ExitCode> {
     let socket = is_socket(&a.path);
+    let mut ublk = serde_json::Value::Null;
     let (stats, server): (Vec<(String, VolumeStats)>, Option<serde_json::Value>) = if socket {
         let live = query_control(&a.path)
             .with_context(|| format!("asking the server at {}", a.path.display()))?;
+        ublk = live.ublk;
         (live.volumes, Some(live.server))
     } else {
         let vol = open_volume_read_only(&a.path, true)?;
@@ -34,13 +36,17 @@ pub fn run(a: Args) -> Result<ExitCode> {
             outln!("{}", serde_json::to_string_pretty(&stats[0].1)?);
         } else {
             // One object per volume; from a server, each also carries the
-            // NBD server's counters (for all its exports) as "nbd_server".
+            // NBD server's counters (for all its exports) as "nbd_server",
+            // and its ublk device's as "ublk".
             let m: serde_json::Map<String, serde_json::Value> = stats
                 .into_iter()
                 .map(|(k, v)| {
                     let mut o = serde_json::to_value(v).expect("stats serialise");
                     if let (Some(srv), Some(obj)) = (&server, o.as_object_mut()) {
                         obj.insert("nbd_server".into(), srv.clone());
+                    }
+                    if let (Some(u), Some(obj)) = (ublk.get(&k), o.as_object_mut()) {
+                        obj.insert("ublk".into(), u.clone());
                     }
                     (k, o)
                 })
@@ -51,11 +57,38 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     for (name, st) in &stats {
         print_stats(name, st);
+        if let Some(u) = ublk.get(name) {
+            print_ublk(u);
+        }
     }
     if let Some(srv) = &server {
         print_server(srv);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A volume's ublk device and its counters, from the control socket's answer.
+fn print_ublk(v: &serde_json::Value) {
+    let r = &v["requests"];
+    let q = |k: &str| r[k].as_u64().unwrap_or(0);
+    let how = if v["taken_over"].as_bool() == Some(true) {
+        "taken over from a server that died"
+    } else {
+        "added by this server"
+    };
+    outln!(
+        "ublk device            {} ({how}), {} errors",
+        v["device"].as_str().unwrap_or("?"),
+        v["errors"].as_u64().unwrap_or(0)
+    );
+    outln!(
+        "ublk requests          read {}, write {}, flush {}, discard {}, write_zeroes {}",
+        q("read"),
+        q("write"),
+        q("flush"),
+        q("discard"),
+        q("write_zeroes")
+    );
 }
 
 /// The NBD server's counters, from its control socket's answer.

@@ -2,6 +2,7 @@
 //! configuration they ask for.
 
 use super::device::VolumeDevice;
+use super::ublk::UblkOptions;
 use crate::policy_args::PolicyArgs;
 use crate::util::{human, parse_size};
 use anyhow::{bail, Result};
@@ -29,6 +30,34 @@ pub struct Args {
     /// well (--socket or --listen).
     #[arg(long, value_name = "DIR")]
     pub fuse_dir: Option<PathBuf>,
+    /// Also serve each volume as a Linux block device, /dev/ublkbN, through
+    /// the kernel's ublk driver (ublk_drv, Linux 6.0 or later): no NBD
+    /// client and no loop device between the kernel and the engine. A
+    /// device outlives a crash of this server: the next `squeeze serve
+    /// --ublk` of the same volume takes it over, and a file system
+    /// mounted on it goes on (docs/ARCHITECTURE.md, "ublk"). SIGINT/SIGTERM
+    /// remove the devices. NBD then listens only with --socket or --listen.
+    #[arg(long)]
+    pub ublk: bool,
+    /// With --ublk: the device id (N of /dev/ublkbN) of each volume, in
+    /// order (repeatable). Default: the device a killed server left for
+    /// the volume, else the first free id.
+    #[arg(long = "ublk-id", value_name = "N", requires = "ublk")]
+    pub ublk_id: Vec<u32>,
+    /// With --ublk: hardware queues per device (default: one per core, at
+    /// most 16). The kernel sends a request to the queue of the CPU that
+    /// submitted it.
+    #[arg(long, value_name = "N", requires = "ublk",
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub ublk_queues: Option<u16>,
+    /// With --ublk: requests in flight per queue.
+    #[arg(long, value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub ublk_depth: u16,
+    /// With --ublk: largest request the kernel sends (a multiple of 4 KiB,
+    /// 64K to 32M); each queue holds one buffer this size per request.
+    #[arg(long, value_name = "SIZE", default_value = "512K", value_parser = parse_max_io)]
+    pub ublk_max_io: u64,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (and JSON at /stats).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
@@ -151,6 +180,26 @@ fn parse_gc(s: &str) -> Result<f64, String> {
 
 fn parse_net(s: &str) -> Result<IpNet, String> {
     s.parse()
+}
+
+/// `--ublk-max-io`: 64 KiB to 32 MiB (ublk's buffer limit), whole 4 KiB pages.
+fn parse_max_io(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if !(64 << 10..=32 << 20).contains(&v) || v % 4096 != 0 {
+        return Err(format!("{s}: a multiple of 4K from 64K to 32M"));
+    }
+    Ok(v)
+}
+
+/// The ublk devices' shape the flags ask for.
+pub(super) fn ublk_options(a: &Args) -> UblkOptions {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    UblkOptions {
+        queues: a.ublk_queues.unwrap_or(cores.min(16) as u16),
+        depth: a.ublk_depth,
+        max_io_bytes: a.ublk_max_io as u32,
+        ids: a.ublk_id.clone(),
+    }
 }
 
 /// `--map-cache`: a size of at least `MAP_CACHE_MIN`.

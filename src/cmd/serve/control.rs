@@ -6,6 +6,7 @@
 
 use super::accept::one_at_a_time;
 use super::device::VolumeDevice;
+use super::ublk_stats::{ublk_json, UblkRegistry};
 use crate::control_client::ControlRequest;
 use crate::policy_args::policy_json;
 use anyhow::{bail, Context, Result};
@@ -47,23 +48,24 @@ pub(super) fn control_loop(
     l: UnixListener,
     devs: &[(String, Arc<VolumeDevice>)],
     srv: &Server,
+    ublk: &UblkRegistry,
     stop: &AtomicBool,
 ) {
     one_at_a_time(l.incoming(), stop, Duration::from_secs(2), |c| {
         let mut line = String::new();
         let read = BufReader::new((&mut *c).take(CONTROL_REQUEST_MAX)).read_line(&mut line);
         let body = match read {
-            Ok(_) if line.trim().is_empty() => stats_json(devs, srv),
+            Ok(_) if line.trim().is_empty() => stats_json(devs, srv, ublk),
             Err(e)
                 if matches!(
                     e.kind(),
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
                 ) =>
             {
-                stats_json(devs, srv)
+                stats_json(devs, srv, ublk)
             }
             Err(e) => serde_json::json!({ "error": format!("reading the request: {e}") }),
-            Ok(_) => match control_request(line.trim(), devs, srv) {
+            Ok(_) => match control_request(line.trim(), devs, srv, ublk) {
                 Ok(v) => v,
                 Err(e) => serde_json::json!({ "error": crate::util::error_text(&e) }),
             },
@@ -76,6 +78,7 @@ fn control_request(
     line: &str,
     devs: &[(String, Arc<VolumeDevice>)],
     srv: &Server,
+    ublk: &UblkRegistry,
 ) -> Result<serde_json::Value> {
     let req: ControlRequest =
         serde_json::from_str(line).context("a request is one line of JSON")?;
@@ -95,7 +98,7 @@ fn control_request(
         }
     };
     match req.op.as_str() {
-        "stats" => Ok(stats_json(devs, srv)),
+        "stats" => Ok(stats_json(devs, srv, ublk)),
         "set" => {
             let (name, dev) = pick()?;
             let policy = req.policy.as_ref().filter(|p| p.given());
@@ -125,7 +128,11 @@ fn control_request(
 
 /// Every volume's statistics and the NBD server's counters: the control
 /// socket's `stats` answer, and what `--metrics` serves at /stats.
-pub(super) fn stats_json(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> serde_json::Value {
+pub(super) fn stats_json(
+    devs: &[(String, Arc<VolumeDevice>)],
+    srv: &Server,
+    ublk: &UblkRegistry,
+) -> serde_json::Value {
     let mut m = serde_json::Map::new();
     for (name, d) in devs {
         m.insert(
@@ -133,7 +140,11 @@ pub(super) fn stats_json(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> 
             serde_json::to_value(d.vol.stats()).expect("stats"),
         );
     }
-    serde_json::json!({ "volumes": m, "server": server_json(&srv.stats()) })
+    let mut j = serde_json::json!({ "volumes": m, "server": server_json(&srv.stats()) });
+    if let Some(u) = ublk_json(ublk) {
+        j["ublk"] = u;
+    }
+    j
 }
 
 /// The NBD server's counters as JSON.

@@ -4,6 +4,7 @@
 use super::accept::one_at_a_time;
 use super::control::stats_json;
 use super::device::VolumeDevice;
+use super::ublk_stats::{ublk_prometheus, UblkRegistry};
 use squeeze_engine::VolumeStats;
 use squeeze_nbd::Server;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -19,6 +20,7 @@ pub(super) fn metrics_loop(
     l: TcpListener,
     devs: &[(String, Arc<VolumeDevice>)],
     srv: &Server,
+    ublk: &UblkRegistry,
     stop: &AtomicBool,
 ) {
     one_at_a_time(l.incoming(), stop, Duration::from_secs(5), |c| {
@@ -41,11 +43,15 @@ pub(super) fn metrics_loop(
         }
         let path = first.split_whitespace().nth(1).unwrap_or("/");
         let (status, ctype, body) = match path {
-            "/metrics" => ("200 OK", "text/plain; version=0.0.4", prometheus(devs, srv)),
+            "/metrics" => (
+                "200 OK",
+                "text/plain; version=0.0.4",
+                prometheus(devs, srv, ublk),
+            ),
             "/stats" => (
                 "200 OK",
                 "application/json",
-                stats_json(devs, srv).to_string(),
+                stats_json(devs, srv, ublk).to_string(),
             ),
             _ => (
                 "404 Not Found",
@@ -63,7 +69,11 @@ pub(super) fn metrics_loop(
 }
 
 /// The statistics in Prometheus text exposition format.
-pub(super) fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> String {
+pub(super) fn prometheus(
+    devs: &[(String, Arc<VolumeDevice>)],
+    srv: &Server,
+    ublk: &UblkRegistry,
+) -> String {
     let mut out = String::new();
     let mut metric = |name: &str, help: &str, kind: &str, vals: Vec<(String, f64)>| {
         out.push_str(&format!(
@@ -373,5 +383,6 @@ pub(super) fn prometheus(devs: &[(String, Arc<VolumeDevice>)], srv: &Server) -> 
             "# HELP squeeze_{name} {help}\n# TYPE squeeze_{name} {kind}\nsqueeze_{name} {v}\n"
         ));
     }
+    ublk_prometheus(ublk, &mut out);
     out
 }

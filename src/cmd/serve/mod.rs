@@ -1,6 +1,7 @@
 //! `squeeze serve`: the engine's volumes served over NBD (and, with
-//! `--fuse-dir`, as files of a FUSE file system), through the one adapter
-//! between the NBD layer and the engine (`device`).
+//! `--fuse-dir`, as files of a FUSE file system; with `--ublk`, as Linux
+//! block devices /dev/ublkbN), through the one adapter between the front
+//! ends and the engine (`device`).
 //!
 //! Each PATH becomes an export named after the file's stem; the empty
 //! export name selects the first. With no PATH a default volume under
@@ -19,7 +20,10 @@
 //!
 //! The rooms: `args` (the options, TLS, the NBD server's configuration),
 //! `volumes` (opening, creating and closing the served volumes), `device`
-//! (the adapter), `fuse` (the FUSE export), `control` (the control
+//! (the adapter), `fuse` (the FUSE export), `ublk` (the ublk devices:
+//! adding, taking over after a crash, removing), `ublk_queue` (their
+//! queues: requests to the adapter) and `ublk_stats` (their counters),
+//! `control` (the control
 //! socket's server), `metrics` (Prometheus over HTTP), `accept` (the accept
 //! loop those two share), `watch` (the low-space watcher), `stats_threads`
 //! (starting and stopping those three) and `connect_help` (what the server
@@ -34,13 +38,16 @@ mod device;
 mod fuse;
 mod metrics;
 mod stats_threads;
+mod ublk;
+mod ublk_queue;
+mod ublk_stats;
 mod volumes;
 mod watch;
 
 pub use args::Args;
 
 use anyhow::{Context, Result};
-use args::{server_config, tls_config, DEFAULT_DIR, DEFAULT_LISTEN};
+use args::{server_config, tls_config, ublk_options, DEFAULT_DIR, DEFAULT_LISTEN};
 use connect_help::print_connect_help;
 use device::volume_write_slots;
 use squeeze_nbd::{BlockDevice, Export, Listener, Server};
@@ -77,6 +84,9 @@ fn set_io_flusher() {
 pub fn run(a: Args) -> Result<ExitCode> {
     // Bad TLS flags or files fail before any volume is opened or created.
     let tls = tls_config(&a)?;
+    if a.ublk {
+        ublk::check_driver()?;
+    }
     set_io_flusher();
     let paths = if a.paths.is_empty() {
         vec![PathBuf::from(DEFAULT_DIR).join("default.sqz")]
@@ -106,7 +116,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if let Some(s) = &a.socket {
         listeners.push(Listener::bind_unix(s).with_context(|| format!("binding {}", s.display()))?);
     }
-    if a.listen.is_some() || a.socket.is_none() {
+    // With --ublk, NBD only where asked for.
+    if a.listen.is_some() || (a.socket.is_none() && !a.ublk) {
         let addr = a.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
         listeners.push(Listener::bind_tcp(addr).with_context(|| format!("listening on {addr}"))?);
     }
@@ -114,7 +125,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .control
         .clone()
         .unwrap_or_else(|| paths[0].with_extension("ctl"));
-    let stats = StatsThreads::start(&control_path, a.metrics.as_deref(), &devices, &server)?;
+    let ublk_registry = ublk_stats::UblkRegistry::default();
+    let stats = StatsThreads::start(
+        &control_path,
+        a.metrics.as_deref(),
+        &devices,
+        &server,
+        &ublk_registry,
+    )?;
     let fuse = match &a.fuse_dir {
         Some(dir) => Some(fuse::FuseExport::mount(
             dir,
@@ -124,6 +142,21 @@ pub fn run(a: Args) -> Result<ExitCode> {
         None => None,
     };
 
+    let ublk = if a.ublk {
+        match ublk::UblkExport::start(&devices, &paths, &ublk_options(&a), &ublk_registry) {
+            Ok(u) => Some(u),
+            Err(e) => {
+                if let Some(f) = fuse {
+                    f.stop();
+                }
+                stats.stop();
+                return Err(e);
+            }
+        }
+    } else {
+        None
+    };
+
     print_connect_help(
         &listeners,
         &visible,
@@ -131,6 +164,16 @@ pub fn run(a: Args) -> Result<ExitCode> {
         &control_path,
         a.metrics.as_deref(),
     );
+    if let Some(u) = &ublk {
+        for (name, dev, recovered) in u.devices() {
+            let how = if recovered {
+                "taken over from a server that died"
+            } else {
+                "added"
+            };
+            noteln!("  block device: {dev} (volume {name}; ublk, {how})");
+        }
+    }
     if let Some(f) = &fuse {
         for name in &visible {
             noteln!(
@@ -142,6 +185,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
 
     // Signals: stop accepting, let in-flight requests finish.
     let handle = server.shutdown_handle();
+    let (signalled_tx, signalled) = crossbeam_channel::bounded::<()>(1);
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
@@ -153,8 +197,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 tracing::info!(signal = sig, "shutting down");
                 noteln!("squeeze serve: signal {sig}, finishing in-flight requests");
                 handle.shutdown();
+                let _ = signalled_tx.send(());
             }
         })?;
+    // Without a listener (--ublk alone) nothing else waits for the signal.
+    let no_listener = listeners.is_empty();
     let threads: Vec<_> = listeners
         .into_iter()
         .map(|l| {
@@ -162,6 +209,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
             std::thread::spawn(move || srv.serve(l))
         })
         .collect();
+    if no_listener {
+        let _ = signalled.recv();
+    }
     let mut result = Ok(());
     for t in threads {
         if let Err(e) = t.join().expect("serve thread") {
@@ -176,6 +226,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
     // its references to the volumes with it.
     if let Some(f) = fuse {
         f.stop();
+    }
+    // The ublk devices: requests the kernel sent are answered, then the
+    // devices go.
+    if let Some(u) = ublk {
+        u.stop();
     }
     let failed = volumes::close_all(devices);
     result.context("serving")?;

@@ -8,6 +8,7 @@
 use super::control::{bind_control, control_loop};
 use super::device::VolumeDevice;
 use super::metrics::metrics_loop;
+use super::ublk_stats::UblkRegistry;
 use super::watch::space_watch;
 use anyhow::{Context, Result};
 use squeeze_nbd::Server;
@@ -33,6 +34,7 @@ impl StatsThreads {
         metrics: Option<&str>,
         devices: &[(String, Arc<VolumeDevice>)],
         server: &Server,
+        ublk: &UblkRegistry,
     ) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let control = bind_control(control_path)?;
@@ -41,11 +43,12 @@ impl StatsThreads {
         {
             let devs = stats_devices.clone();
             let srv = server.clone();
+            let ublk = ublk.clone();
             let stop = stop.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name("sqz-control".into())
-                    .spawn(move || control_loop(control, &devs, &srv, &stop))?,
+                    .spawn(move || control_loop(control, &devs, &srv, &ublk, &stop))?,
             );
         }
         let mut metrics_addr = None;
@@ -54,11 +57,12 @@ impl StatsThreads {
             metrics_addr = Some(l.local_addr()?);
             let devs = stats_devices.clone();
             let srv = server.clone();
+            let ublk = ublk.clone();
             let stop = stop.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name("sqz-metrics".into())
-                    .spawn(move || metrics_loop(l, &devs, &srv, &stop))?,
+                    .spawn(move || metrics_loop(l, &devs, &srv, &ublk, &stop))?,
             );
         }
         {

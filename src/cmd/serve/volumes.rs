@@ -4,9 +4,11 @@
 
 use super::args::Args;
 use super::device::VolumeDevice;
-use crate::util::{create_volume, human, open_volume_with};
+use crate::util::{create_volume, human, open_volume_io};
 use anyhow::{bail, Context, Result};
-use squeeze_engine::{default_policy, CreateOptions, OpenOptions, Volume, MAX_LOGICAL_SIZE};
+use squeeze_engine::{
+    default_policy, CreateOptions, IoMode, OpenOptions, Volume, MAX_LOGICAL_SIZE,
+};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -43,8 +45,17 @@ fn cpu_source() -> Option<Arc<dyn squeeze_engine::pipeline::headroom::BusySource
 }
 
 fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
+    // A ublk device outlives a crash of this server, and the file system
+    // on it goes on trusting every write it was answered: those must
+    // outlive the process too, so they go through the page cache
+    // (docs/ARCHITECTURE.md, "ublk").
+    let io = if a.ublk {
+        IoMode::Buffered
+    } else {
+        IoMode::from_env()
+    };
     let serving = || {
-        open_volume_with(
+        open_volume_io(
             path,
             OpenOptions {
                 background: true,
@@ -64,6 +75,7 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
                 }),
                 ..Default::default()
             },
+            io,
         )
     };
     if path.exists() {
