@@ -64,6 +64,25 @@ impl Sync {
     }
 }
 
+/// How long an idle phase waits for the run's first upgrade
+/// (`Options::wait_for_upgrade`).
+const UPGRADE_WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// Polls the server's stats until its upgraded bytes grow past `first`
+/// (the idle phase's start: the first segment an idle upgrade rewrote),
+/// or `UPGRADE_WAIT_MAX` passes (then
+/// the run's totals say no upgrade ran, for the caller to judge).
+fn wait_for_upgrade(sample: &dyn Fn() -> Result<Counters, String>, first: &Counters) {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < UPGRADE_WAIT_MAX {
+        match sample() {
+            Ok(c) if c[6] > first[6] => return,
+            Ok(_) => std::thread::sleep(Duration::from_millis(200)),
+            Err(_) => return,
+        }
+    }
+}
+
 /// Runs the writers for the plan's time, SIGKILLs the server and collects
 /// the threads. Returns the number of requests in flight at the kill.
 pub(crate) fn drive(
@@ -100,7 +119,13 @@ pub(crate) fn drive(
                 // server goes idle and merges and cleans until the kill.
                 sync.lock().stop = true;
                 sync.cv.notify_all();
+                let first = (o.wait_for_upgrade && sync.lock().t.upgraded_bytes == 0)
+                    .then(sample)
+                    .and_then(Result::ok);
                 std::thread::sleep(Duration::from_millis(idle));
+                if let Some(first) = first {
+                    wait_for_upgrade(sample, &first);
+                }
             }
             let counters = sample();
             let (n, died) = {

@@ -30,6 +30,9 @@ const USAGE: &str = "usage: squeeze-torture [options]
   --saturated-engine serve with --simulate-saturated-engine: every write is
                      compressed below the target codec, so idle cycles
                      upgrade (use with a higher --idle-percent)
+  --wait-for-upgrade until the run's first idle upgrade shows in the
+                     server's stats, an idle phase waits for one (up to
+                     60 s) before the kill, whatever the machine's speed
   --prewrite         serve with --prewrite: small flushes write zeros past
                      the log head first
   --map-cache SIZE   serve with --map-cache SIZE (64K pages the map of a
@@ -67,6 +70,7 @@ fn parse_args() -> Result<Options, String> {
             "--seed" => o.seed = num(val("--seed")?)?,
             "--compact" => o.compact = true,
             "--saturated-engine" => o.saturated_engine = true,
+            "--wait-for-upgrade" => o.wait_for_upgrade = true,
             "--prewrite" => o.prewrite = true,
             "--map-cache" => o.map_cache = Some(val("--map-cache")?),
             "--bin" => o.bin = PathBuf::from(val("--bin")?),

@@ -41,6 +41,13 @@ pub struct Options {
     /// batch is compressed below the volume's target codec, so the idle
     /// phases (`idle_percent`) run upgrades and kills land inside them.
     pub saturated_engine: bool,
+    /// Until the first idle upgrade of the run has shown in the server's
+    /// stats, an idle phase lasts until one has (up to
+    /// `UPGRADE_WAIT_MAX`), not just its planned 1.2-2.5 s: a slow or
+    /// loaded machine still kills the server after an upgrade at least
+    /// once, so a test that needs one does not depend on the machine's
+    /// speed. The kills after it keep their planned timing.
+    pub wait_for_upgrade: bool,
     /// Start the server with `--prewrite`: small flushes pre-write zeros
     /// past the log head, so kills land between zeros and records.
     pub prewrite: bool,
@@ -72,6 +79,7 @@ impl Options {
             max_inflight: 16,
             compact: false,
             saturated_engine: false,
+            wait_for_upgrade: false,
             prewrite: false,
             map_cache: None,
             workdir: None,
@@ -95,6 +103,9 @@ impl Options {
             self.max_conns,
             self.max_inflight
         );
+        if self.wait_for_upgrade {
+            c.push_str(" --wait-for-upgrade");
+        }
         if self.compact {
             c.push_str(" --compact");
         }
