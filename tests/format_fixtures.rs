@@ -14,6 +14,8 @@
 //!   segments, created with lz4, the same 256 KiB imported, then `squeeze
 //!   set --algorithm zstd:3`, closed cleanly (written by the build at
 //!   7f23e56).
+//! - tests/fixtures/format-v4.sqz (format 4: short headers, no chunked
+//!   payloads): the same recipe, written by the build at d0b39d3.
 //!
 //! Any change to the on-disk format must keep these passing (or bump the
 //! version and add a migration, with a new fixture). The map pages out to
@@ -104,6 +106,82 @@ fn a_version_3_volume_opens_checks_and_reads_back() {
     opens_checks_reads_back_and_upgrades("format-v3.sqz", 3, "zstd:3");
 }
 
+#[test]
+fn a_version_4_volume_opens_checks_and_reads_back() {
+    opens_checks_reads_back_and_upgrades("format-v4.sqz", 4, "zstd:3");
+}
+
+/// The extent and relocation records of the log. Walks the segments'
+/// records as the cleaner does.
+fn data_records(vol: &Path) -> Vec<squeeze_format::RecordHeader> {
+    let i = info(vol.to_str().unwrap());
+    let hex = i["uuid"].as_str().unwrap().replace('-', "");
+    let uuid: [u8; 16] =
+        std::array::from_fn(|k| u8::from_str_radix(&hex[2 * k..2 * k + 2], 16).unwrap());
+    let seg = i["segment_size"].as_u64().unwrap() as usize;
+    let bytes = std::fs::read(vol).unwrap();
+    let mut out = Vec::new();
+    for s in bytes[squeeze_format::DATA_START as usize..].chunks(seg) {
+        use squeeze_format::{RecordScan, Stride};
+        for r in RecordScan::new(s, uuid, Stride::Record) {
+            if r.header.kind.has_payload() {
+                out.push(r.header);
+            }
+        }
+    }
+    out
+}
+
+/// A version 4 volume keeps one frame a blob (its policy's read chunk is
+/// 0, also after its upgrade) until `set --read-chunk` asks for chunks,
+/// which makes it version 5 at once; then its new blobs are chunked, the
+/// old and the new read back side by side, and a compaction moves both.
+#[test]
+fn a_version_4_volume_chunks_new_blobs_once_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = copy_fixture("format-v4.sqz", dir.path());
+    let v = vol.to_str().unwrap();
+    assert!(data_records(&vol).iter().all(|h| !h.is_chunked()));
+    let data = export_256k(v, &dir.path().join("out.bin"));
+    let write_at = |at: u64| {
+        use squeeze_engine::{FileStorage, Volume};
+        let storage = std::sync::Arc::new(FileStorage::open(&vol).unwrap());
+        let vv = Volume::open(storage, Default::default()).unwrap();
+        vv.write(at, &data, false).unwrap();
+        vv.close().unwrap();
+    };
+    write_at(1 << 20);
+    let i = info(v);
+    assert_eq!(i["format_version"], 5);
+    assert_eq!(i["policy"]["read_chunk"], 0);
+    assert!(data_records(&vol).iter().all(|h| !h.is_chunked()));
+    let o = squeeze(&["set", v, "--read-chunk", "16K"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(info(v)["policy"]["read_chunk"], 16384);
+    write_at(2 << 20);
+    let chunked: Vec<_> = data_records(&vol)
+        .into_iter()
+        .filter(|h| h.is_chunked())
+        .collect();
+    assert!(!chunked.is_empty());
+    assert!(chunked.iter().all(|h| h.chunk_sectors == 4 && h.lba >= 512));
+    check(v);
+    let all = |name: &str| {
+        let out = dir.path().join(name);
+        let o = squeeze(&["export", v, out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read(out).unwrap()
+    };
+    let before = all("before.bin");
+    for at in [0usize, 1 << 20, 2 << 20] {
+        assert_eq!(before[at..at + 262144], data[..], "at {at}");
+    }
+    let o = squeeze(&["compact", v]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check(v);
+    assert!(all("after.bin") == before);
+}
+
 /// The records of the log, by header form: (full, short). Walks the
 /// segments' records as the cleaner does.
 fn records_by_form(vol: &Path) -> (usize, usize) {
@@ -151,9 +229,9 @@ fn a_version_3_volume_writes_short_headers_only_after_its_upgrade() {
         0,
         "a short header in a version 3 log"
     );
-    // The checkpoint makes it version 4; then short headers.
+    // The checkpoint makes it this build's version; then short headers.
     v.checkpoint().unwrap();
-    assert_eq!(v.superblock().version, 4);
+    assert_eq!(v.superblock().version, squeeze_format::FORMAT_VERSION);
     v.write(3 << 20, &data[131072..], false).unwrap();
     v.close().unwrap();
     let (full, short) = records_by_form(&vol);

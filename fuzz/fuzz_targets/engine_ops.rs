@@ -59,6 +59,8 @@ fn policy_from_arg(b: u8, rotate: u8) -> Policy {
     p.max_blob = p.min_blob.max(sector * (1 + u32::from(rotate / 4 % 32)));
     p.recompress_codec = CodecId::ALL[usize::from(rotate / 64)];
     p.level = 0;
+    // One frame a blob, or chunks of 4 to 64 KiB (format 5).
+    p.read_chunk = [0, 4096, 8192, 16384, 32768, 65536][usize::from(b / 20 % 6)];
     p
 }
 

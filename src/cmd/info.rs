@@ -121,5 +121,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "recompress      {}",
         alg_name(p.recompress_codec, p.recompress_level)
     );
+    if p.read_chunk == 0 {
+        outln!("read chunk      none (one frame a blob)");
+    } else {
+        outln!("read chunk      {}", human(u64::from(p.read_chunk)));
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -66,14 +66,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
         (a.path.display().to_string(), p, cap)
     };
     let policy = format!(
-        "algorithm {} mode {} required_ratio {} min_blob {} max_blob {} recompress {}",
+        "algorithm {} mode {} required_ratio {} min_blob {} max_blob {} recompress {} read_chunk {}",
         p["algorithm"].as_str().unwrap_or("?"),
         p["mode"].as_str().unwrap_or("?"),
         // As stored (millionths) and as `info` prints it: 0.000001, not 1e-6.
         p["required_ratio"].as_f64().unwrap_or(f64::NAN),
         p["min_blob_size"],
         p["max_blob_size"],
-        p["recompress"].as_str().unwrap_or("?")
+        p["recompress"].as_str().unwrap_or("?"),
+        p["read_chunk"]
     );
     let cap = if max_physical == 0 {
         "none".to_string()

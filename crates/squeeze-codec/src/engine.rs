@@ -37,6 +37,11 @@ pub struct Job {
     /// computes it right after the codec, while the output is in the
     /// worker's cache, and on the worker rather than on the caller.
     pub checksum: bool,
+    /// Compress the blob as independent chunks of this many bytes behind a
+    /// table (format 5's chunked payload, [`crate::chunked`]; the output's
+    /// CRC is then the table's); 0 (or a blob no longer than one chunk):
+    /// one frame.
+    pub chunk_bytes: usize,
 }
 
 impl Job {
@@ -53,12 +58,19 @@ impl Job {
             limit,
             skip_if_incompressible,
             checksum: false,
+            chunk_bytes: 0,
         }
     }
 
     /// The same job, asking for the CRC32C of its output.
     pub fn with_checksum(mut self) -> Self {
         self.checksum = true;
+        self
+    }
+
+    /// The same job, compressing in chunks of `chunk_bytes` (0: one frame).
+    pub fn with_chunks(mut self, chunk_bytes: usize) -> Self {
+        self.chunk_bytes = chunk_bytes;
         self
     }
 
@@ -167,6 +179,22 @@ pub fn run_job(
     let output =
         if job.skip_if_incompressible && looks_incompressible(src) && !lz4_finds_repeats(src) {
             JobOutput::Skipped
+        } else if job.chunk_bytes != 0 && src.len() > job.chunk_bytes {
+            match crate::chunked::compress_chunked(
+                compressor,
+                src,
+                job.chunk_bytes,
+                job.limit,
+                scratch,
+            )? {
+                Some((payload, table_crc)) => {
+                    // The chunks' CRCs are in the table: its CRC is the
+                    // record's, whether or not the job asked for one.
+                    output_crc32c = Some(table_crc);
+                    JobOutput::Compressed(payload)
+                }
+                None => JobOutput::TooBig,
+            }
         } else {
             match compressor.compress(src, scratch, job.limit)? {
                 Some(n) => {

@@ -15,12 +15,15 @@
 //!   igzip behind deflate:1..=3 (Debian's libisal, when present).
 //! - [`Saturated`]: any engine reporting itself far behind (a drill for the
 //!   adaptive codec and the idle upgrade).
+//! - [`chunked`]: blobs as independent chunks behind a table (format 5),
+//!   so a small read decodes one chunk.
 //! - [`testdata`]: fio-like synthetic data for tests and `squeeze bench`.
 //!
 //! Invariant for the whole crate: bytes from disk never panic it — every
 //! decode failure is a [`CodecError`].
 
 pub mod algorithm;
+pub mod chunked;
 pub mod codec;
 mod codecs;
 pub mod cputime;

@@ -96,6 +96,7 @@ fn the_isal_pool_answers_batches() {
             limit: 1 << 17,
             skip_if_incompressible: false,
             checksum: true,
+            chunk_bytes: 0,
         })
         .collect();
     for alg in ["deflate:1", "deflate:6", "zstd:3"] {

@@ -75,6 +75,7 @@ pub(crate) fn segment_header(uuid: &[u8; 16], seq: u64, segment: SegmentId) -> R
         stored_len: 0,
         aux: u64::from(segment),
         payload_crc: 0,
+        chunk_sectors: 0,
         form: HeaderForm::Full,
     }
 }
@@ -83,9 +84,11 @@ pub(crate) fn segment_header(uuid: &[u8; 16], seq: u64, segment: SegmentId) -> R
 fn payload_crc(item: &Item, buf: &[u8]) -> u32 {
     match item {
         Item::Zero { .. } => 0,
-        _ => item
-            .known_crc()
-            .unwrap_or_else(|| checksum::crc32c(item.payload(buf).1)),
+        _ => item.known_crc().unwrap_or_else(|| {
+            let p = item.payload(buf);
+            debug_assert_eq!(p.chunk_sectors, 0, "a chunked payload knows its CRC");
+            checksum::crc32c(p.body)
+        }),
     }
 }
 
@@ -109,11 +112,11 @@ fn item_header(
         } => (RecordKind::Relocate, *lba, *sectors, *from),
         Item::Blob { lba, sectors, .. } => (RecordKind::Extent, *lba, *sectors, 0),
     };
-    let (codec, payload) = item.payload(buf);
+    let payload = item.payload(buf);
     let stored_len = payload.len() as u32;
     RecordHeader {
         kind,
-        codec,
+        codec: payload.codec,
         seq,
         uuid: *uuid,
         lba,
@@ -121,6 +124,7 @@ fn item_header(
         stored_len,
         aux,
         payload_crc,
+        chunk_sectors: payload.chunk_sectors,
         form: HeaderForm::choose(short, kind, lba, sectors, stored_len, aux),
     }
 }
@@ -201,12 +205,12 @@ pub(crate) fn append(inner: &Inner, items: &[Item], buf: &[u8], room: Room) -> R
                 if *below_target {
                     c.add(Counter::BelowTargetBytes, raw);
                 }
-                let (codec, payload) = it.payload(buf);
+                let payload = it.payload(buf);
                 if room == Room::Merge {
                     c.add(Counter::MergedSectors, u64::from(*sectors));
                     c.add(Counter::MergedBytes, *len);
                 } else {
-                    c.add(Counters::codec_bytes(codec), raw);
+                    c.add(Counters::codec_bytes(payload.codec), raw);
                     c.add(Counter::ClientBytesCompressed, *len);
                 }
                 match outcome {
@@ -250,7 +254,7 @@ fn write_placements(
         header.encode(h);
         header_lens.push(header.header_len());
     }
-    let mut parts: Vec<&[u8]> = Vec::with_capacity(placements.len() * 3);
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(placements.len() * 4);
     let (mut run_start, mut run_end, mut total) = (0u64, 0u64, 0u64);
     for ((p, h), &header_len) in placements
         .iter()
@@ -269,9 +273,11 @@ fn write_placements(
         parts.push(h);
         let mut len = header_len as u64;
         if let Some(i) = p.item {
-            let (_, payload) = items[i].payload(buf);
-            if !payload.is_empty() {
-                parts.push(payload);
+            let payload = items[i].payload(buf);
+            for part in [payload.table, payload.body] {
+                if !part.is_empty() {
+                    parts.push(part);
+                }
             }
             len = squeeze_format::align_record(len + payload.len() as u64);
             let pad = (len - header_len as u64) as usize - payload.len();

@@ -1,12 +1,16 @@
 //! The read path: map lookup (under the map lock and the reclaim gate) ->
 //! record read (consecutive records in one read) -> header and payload
-//! checksums -> decompress. Holes read as zeros.
+//! checksums -> decompress. Holes read as zeros. A chunked record (format
+//! 5) has its table checked, then only the chunks that hold the sectors
+//! asked for are checked and decoded: a 4 KiB read of a 128 KiB blob costs
+//! a chunk, not the blob.
 
 use crate::counters::Counter;
 use crate::error::{EngineError, Result};
 use crate::meta::pager;
 use crate::state::Inner;
-use squeeze_format::{CodecId, MapEntry, RecordHeader, RECORD_ALIGN, SECTOR_SIZE};
+use squeeze_codec::CodecError;
+use squeeze_format::{CodecId, FormatError, MapEntry, RecordHeader, RECORD_ALIGN, SECTOR_SIZE};
 
 const SECTOR: u64 = SECTOR_SIZE as u64;
 
@@ -22,9 +26,19 @@ const READ_SPAN_MAX: u64 = 4 << 20;
 /// (`Storage::read_stream`).
 const READ_STREAM_MIN: usize = 64 << 10;
 
+/// Bytes a small read of a large record fetches first: the longest header
+/// and the longest chunk table (format 5), rounded up.
+const HEAD_READ: usize = 512;
+const _: () = assert!(
+    HEAD_READ
+        >= squeeze_format::RECORD_HEADER_SIZE + squeeze_format::MAX_CHUNK_TABLE_BYTES as usize
+);
+
 /// Reads the sectors `out` covers from the record `e` points at (the first
 /// of them is `lba`, at index `e.index()` of the record).
-/// With `stream`, through `Storage::read_stream`.
+/// With `stream`, through `Storage::read_stream`. A read of at most a
+/// quarter of a record reads its head first and, if it is chunked, only
+/// the chunks it needs.
 pub(crate) fn read_extent(
     inner: &Inner,
     e: MapEntry,
@@ -33,10 +47,83 @@ pub(crate) fn read_extent(
     stream: bool,
 ) -> Result<()> {
     READ_BUF.with_borrow_mut(|rec| {
-        rec.resize(e.record_len() as usize, 0);
+        let len = e.record_len() as usize;
+        if !stream && len >= 2 * HEAD_READ && out.len() * 4 <= len {
+            rec.resize(HEAD_READ, 0);
+            read_log(inner, rec, e.record_offset(), false)?;
+            let h = check_header(inner, e, lba, rec)?;
+            if h.is_chunked() {
+                return read_chunks(inner, e, lba, &h, rec, out);
+            }
+            // One frame: the rest of the record too.
+            rec.resize(len, 0);
+            read_log(
+                inner,
+                &mut rec[HEAD_READ..],
+                e.record_offset() + HEAD_READ as u64,
+                false,
+            )?;
+            return decode_extent(inner, e, lba, rec, out);
+        }
+        rec.resize(len, 0);
         read_log(inner, rec, e.record_offset(), stream)?;
         decode_extent(inner, e, lba, rec, out)
     })
+}
+
+/// Reads and decodes the chunks of the chunked record `h` (at `e`, its
+/// head in `head`) that hold the sectors `out` covers: one read for them.
+fn read_chunks(
+    inner: &Inner,
+    e: MapEntry,
+    lba: u64,
+    h: &RecordHeader,
+    head: &[u8],
+    out: &mut [u8],
+) -> Result<()> {
+    let hl = h.header_len();
+    let fail = |err| chunk_failed(inner, lba, err);
+    let table = squeeze_format::record::chunk_table(h, &head[hl..hl + h.table_len()])
+        .map_err(|err| fail(ChunkError::Format(err)))?;
+    let first = e.index();
+    let end = first + (out.len() / SECTOR_SIZE) as u32;
+    let chunks = table.covering(first..end);
+    let (Some(a), Some(b)) = (chunks.first(), chunks.last()) else {
+        unreachable!("a table covers every sector of its record");
+    };
+    let span = a.stored.start..b.stored.end;
+    SPAN_BUF.with_borrow_mut(|bytes| -> Result<()> {
+        bytes.resize(span.len(), 0);
+        read_log(
+            inner,
+            bytes,
+            e.record_offset() + (hl + span.start) as u64,
+            false,
+        )?;
+        let t0 = std::time::Instant::now();
+        let res = decode_chunks_with(h, &table, bytes, span.start, first, out);
+        note_decode(inner, h, t0);
+        res.map_err(fail)
+    })
+}
+
+/// The engine's error for a chunked record that failed, counted.
+fn chunk_failed(inner: &Inner, lba: u64, err: ChunkError) -> EngineError {
+    inner.counters.add(Counter::ChecksumErrors, 1);
+    match err {
+        ChunkError::Format(source) => EngineError::Corrupt { lba, source },
+        ChunkError::Codec(source) => EngineError::Codec { lba, source },
+    }
+}
+
+/// Counts the time since `t0` as decompression when `h` is compressed.
+fn note_decode(inner: &Inner, h: &RecordHeader, t0: std::time::Instant) {
+    if h.codec != CodecId::None {
+        inner.counters.add(
+            Counter::DecompressNs,
+            u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        );
+    }
 }
 
 /// Reads log bytes: as a stream (`Storage::read_stream`) or through the
@@ -50,9 +137,9 @@ fn read_log(inner: &Inner, buf: &mut [u8], offset: u64, stream: bool) -> Result<
     Ok(())
 }
 
-/// Checks the record `rec` (the `e.record_len()` bytes at `e.record_offset()`)
-/// against `e` and its checksums, and decodes the sectors `out` covers.
-fn decode_extent(inner: &Inner, e: MapEntry, lba: u64, rec: &[u8], out: &mut [u8]) -> Result<()> {
+/// Decodes the header at the start of `rec` (the record `e` points at, for
+/// `lba`) and checks it against `e`.
+fn check_header(inner: &Inner, e: MapEntry, lba: u64, rec: &[u8]) -> Result<RecordHeader> {
     let corrupt = |source| {
         inner.counters.add(Counter::ChecksumErrors, 1);
         EngineError::Corrupt { lba, source }
@@ -76,9 +163,26 @@ fn decode_extent(inner: &Inner, e: MapEntry, lba: u64, rec: &[u8], out: &mut [u8
             ),
         }));
     }
+    Ok(h)
+}
+
+/// Checks the record `rec` (the `e.record_len()` bytes at `e.record_offset()`)
+/// against `e` and its checksums, and decodes the sectors `out` covers.
+fn decode_extent(inner: &Inner, e: MapEntry, lba: u64, rec: &[u8], out: &mut [u8]) -> Result<()> {
+    let corrupt = |source| {
+        inner.counters.add(Counter::ChecksumErrors, 1);
+        EngineError::Corrupt { lba, source }
+    };
+    let h = check_header(inner, e, lba, rec)?;
     let payload = &rec[h.header_len()..h.header_len() + h.stored_len as usize];
-    squeeze_format::record::verify_payload(&h, payload).map_err(corrupt)?;
     let first = e.index() as usize * SECTOR_SIZE;
+    if h.is_chunked() {
+        let t0 = std::time::Instant::now();
+        let res = decode_chunks(&h, payload, e.index(), out);
+        note_decode(inner, &h, t0);
+        return res.map_err(|err| chunk_failed(inner, lba, err));
+    }
+    squeeze_format::record::verify_payload(&h, payload).map_err(corrupt)?;
     if h.codec == CodecId::None {
         out.copy_from_slice(&payload[first..first + out.len()]);
         return Ok(());
@@ -105,6 +209,79 @@ fn decode_extent(inner: &Inner, e: MapEntry, lba: u64, rec: &[u8], out: &mut [u8
         inner.counters.add(Counter::ChecksumErrors, 1);
         EngineError::Codec { lba, source }
     })
+}
+
+/// Why a chunked payload did not decode.
+pub(crate) enum ChunkError {
+    /// Its table or a chunk failed its checksum, or the table is invalid.
+    Format(FormatError),
+    /// A chunk passed its checksum but does not decode.
+    Codec(CodecError),
+}
+
+/// Checks the table of the chunked record `h` (payload `payload`) and
+/// decodes its sectors from index `first` into `out`: only the chunks that
+/// hold them are checked and decoded.
+pub(crate) fn decode_chunks(
+    h: &RecordHeader,
+    payload: &[u8],
+    first: u32,
+    out: &mut [u8],
+) -> std::result::Result<(), ChunkError> {
+    let table = squeeze_format::record::chunk_table(h, payload).map_err(ChunkError::Format)?;
+    decode_chunks_with(h, &table, payload, 0, first, out)
+}
+
+/// [`decode_chunks`] with the table decoded, and `bytes` the payload's
+/// bytes from offset `base` on (at least those of the chunks needed).
+fn decode_chunks_with(
+    h: &RecordHeader,
+    table: &squeeze_format::chunks::ChunkTable,
+    bytes: &[u8],
+    base: usize,
+    first: u32,
+    out: &mut [u8],
+) -> std::result::Result<(), ChunkError> {
+    let end = first + (out.len() / SECTOR_SIZE) as u32;
+    for c in table.covering(first..end) {
+        let stored = &bytes[c.stored.start - base..c.stored.end - base];
+        c.verify(stored).map_err(ChunkError::Format)?;
+        // The part of the chunk asked for, in `out` and in the chunk.
+        let from = c.sectors.start.max(first);
+        let to = c.sectors.end.min(end);
+        let dst = (from - first) as usize * SECTOR_SIZE..(to - first) as usize * SECTOR_SIZE;
+        if from == c.sectors.start && to == c.sectors.end {
+            squeeze_codec::chunked::decompress_chunk(h.codec, c, stored, &mut out[dst])
+                .map_err(ChunkError::Codec)?;
+            continue;
+        }
+        let skip = (from - c.sectors.start) as usize * SECTOR_SIZE;
+        if c.is_raw() {
+            out[dst.clone()].copy_from_slice(&stored[skip..skip + dst.len()]);
+            continue;
+        }
+        RAW_BUF.with_borrow_mut(|raw| {
+            raw.resize(c.raw_len(), 0);
+            squeeze_codec::chunked::decompress_chunk(h.codec, c, stored, raw)
+                .map_err(ChunkError::Codec)?;
+            out[dst.clone()].copy_from_slice(&raw[skip..skip + dst.len()]);
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// Decodes the whole payload of the record `h` (checked by the caller with
+/// `verify_payload`) into `out`, its raw bytes: the cleaner's decode.
+pub(crate) fn decode_payload(
+    h: &RecordHeader,
+    payload: &[u8],
+    out: &mut [u8],
+) -> std::result::Result<(), ChunkError> {
+    if h.is_chunked() {
+        return decode_chunks(h, payload, 0, out);
+    }
+    squeeze_codec::decompress(h.codec, payload, out).map_err(ChunkError::Codec)
 }
 
 /// Reads `buf.len()` bytes at byte `offset`. Returns true when every

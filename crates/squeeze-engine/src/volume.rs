@@ -46,8 +46,8 @@ use crate::{read, write};
 use parking_lot::{Condvar, Mutex, RwLock};
 use squeeze_codec::CompressEngine;
 use squeeze_format::{
-    CheckpointRef, FlushMark, Policy, Superblock, DATA_START, FORMAT_VERSION, RECORD_HEADER_SIZE,
-    SECTOR_SIZE, SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
+    CheckpointRef, FlushMark, Policy, Superblock, CHUNKED_VERSION, DATA_START, FORMAT_VERSION,
+    RECORD_HEADER_SIZE, SECTOR_SIZE, SHORT_HEADER_VERSION, SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
 };
 use std::sync::Arc;
 
@@ -339,7 +339,7 @@ impl Volume {
         let inner = Arc::new(Inner {
             storage,
             uuid: sb.uuid,
-            short_records: (sb.version >= FORMAT_VERSION).into(),
+            short_records: (sb.version >= SHORT_HEADER_VERSION).into(),
             logical_size: sb.logical_size.into(),
             seg_size: u64::from(sb.segment_size),
             policy: RwLock::new(ActivePolicy::with_adaptation(
@@ -483,6 +483,13 @@ impl Volume {
         let mut next = sb.clone();
         if let Some(p) = policy {
             next.policy = p;
+            // Version 4 and 5 differ only in the records version 5 may
+            // write: a version 4 volume that asks for chunks is version 5
+            // from this superblock on (older ones upgrade at their next
+            // checkpoint first).
+            if p.read_chunk != 0 && next.version + 1 == CHUNKED_VERSION {
+                next.version = CHUNKED_VERSION;
+            }
         }
         if let Some(bytes) = max_physical {
             next.max_physical = bytes;

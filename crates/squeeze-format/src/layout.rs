@@ -44,9 +44,14 @@ pub const SHORT_MAX_SECTORS: u64 = 1 << 40;
 /// The most sectors one extent record may hold (128 KiB, BlueStore's default
 /// compression_max_blob_size).
 pub const MAX_BLOB_SECTORS: u32 = 32;
-/// Largest record: header plus an uncompressed blob of MAX_BLOB_SECTORS.
-pub const MAX_RECORD_BYTES: u64 =
-    RECORD_HEADER_SIZE as u64 + MAX_BLOB_SECTORS as u64 * SECTOR_SIZE as u64;
+/// Largest chunk table (format 5, `chunks.rs`): a record of
+/// MAX_BLOB_SECTORS in chunks of one sector.
+pub const MAX_CHUNK_TABLE_BYTES: u64 = MAX_BLOB_SECTORS as u64 * 8;
+/// Largest record: header plus an uncompressed blob of MAX_BLOB_SECTORS
+/// behind the largest chunk table.
+pub const MAX_RECORD_BYTES: u64 = RECORD_HEADER_SIZE as u64
+    + MAX_CHUNK_TABLE_BYTES
+    + MAX_BLOB_SECTORS as u64 * SECTOR_SIZE as u64;
 /// Smallest and largest allowed segment sizes.
 pub const SEGMENT_SIZE_MIN: u64 = 512 << 10;
 pub const SEGMENT_SIZE_MAX: u64 = 1 << 30;

@@ -6,6 +6,7 @@
 pub mod checkpoint;
 pub mod checkpoint_v1;
 pub mod checksum;
+pub mod chunks;
 pub mod codec_id;
 pub mod flush_mark;
 pub mod layout;
@@ -24,7 +25,10 @@ pub use layout::*;
 pub use map_entry::MapEntry;
 pub use piece_decoder::{PieceDecoder, PieceHead};
 pub use record::{HeaderForm, RecordHeader, RecordKind, RecordScan, ScannedRecord, Stride};
-pub use superblock::{CheckpointRef, CompressionMode, Policy, Superblock, FORMAT_VERSION};
+pub use superblock::{
+    CheckpointRef, CompressionMode, Policy, Superblock, CHUNKED_VERSION, FORMAT_VERSION,
+    SHORT_HEADER_VERSION,
+};
 
 /// A decode failure: bytes from disk never panic, they produce one of these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -9,7 +9,8 @@
 //! byte  0  magic        u32  "SQZR"
 //!       4  kind         u8   RecordKind
 //!       5  codec        u8   CodecId of the payload (extents), 0 otherwise
-//!       6  flags        u16  0 (reserved, must be zero)
+//!       6  flags        u16  bits 0..3 chunk code (format 5, see below), other
+//!                            bits reserved, zero
 //!       8  seq          u64  log sequence number, strictly increasing
 //!      16  uuid         [16] volume uuid (a record of another volume is foreign)
 //!      32  lba          u64  first logical sector
@@ -29,7 +30,7 @@
 //! byte  0  magic        [2]  "sz"
 //!       2  fields       u32  bits 0..5 sectors - 1, 5..23 stored_len,
 //!                            23..26 codec, 26 kind (0 Extent, 1 Relocate),
-//!                            27..32 zero
+//!                            27..30 chunk code (format 5), 30..32 zero
 //!       6  seq          u64
 //!      14  lba          u40
 //!      19  aux / 16     u40  Relocate: the moved record's byte offset / 16; Extent: 0
@@ -37,12 +38,19 @@
 //!      28  header_crc   u32  CRC-32C of the volume uuid, then bytes 0..28
 //! ```
 //!
+//! The chunk code (format 5) says how the payload is laid out: 0, one frame
+//! of the codec (or the raw bytes when the codec is `None`); `c` in 1..=5,
+//! independent chunks of `1 << (c - 1)` sectors behind a table
+//! (`chunks.rs`), only on an extent or relocation of more sectors than one
+//! chunk. The payload CRC is then the table's.
+//!
 //! A record occupies `align_record(header + stored_len)` bytes. Invariants
 //! checked on decode: magic, header checksum, known kind and codec,
 //! reserved bits zero, sector count within bounds for the kind, and (for
 //! extents) a payload that fits the uncompressed size when the codec is
 //! `None`.
 
+use crate::chunks::{self, ChunkTable};
 use crate::layout::{
     align_record, MAX_BLOB_SECTORS, RECORD_ALIGN, RECORD_HEADER_SIZE, SECTOR_SIZE,
     SHORT_HEADER_SIZE, SHORT_MAX_SECTORS,
@@ -156,6 +164,10 @@ pub struct RecordHeader {
     pub stored_len: u32,
     pub aux: u64,
     pub payload_crc: u32,
+    /// 0: the payload is one frame of the codec (or raw); otherwise
+    /// (format 5) independent chunks of this many sectors behind a table
+    /// (`chunks.rs`), and `payload_crc` is the table's.
+    pub chunk_sectors: u32,
     /// How the header is (to be) laid out; `uuid` is in a short header's
     /// CRC, not in its bytes.
     pub form: HeaderForm,
@@ -170,6 +182,30 @@ impl RecordHeader {
     /// Bytes of the header: the payload starts here.
     pub fn header_len(&self) -> usize {
         self.form.header_bytes()
+    }
+
+    /// Whether the payload is chunked (format 5).
+    pub fn is_chunked(&self) -> bool {
+        self.chunk_sectors != 0
+    }
+
+    /// Bytes of the payload's chunk table (0 when not chunked).
+    pub fn table_len(&self) -> usize {
+        if self.is_chunked() {
+            chunks::table_len(self.sectors, self.chunk_sectors)
+        } else {
+            0
+        }
+    }
+
+    /// The chunk code of the header's bits (see the module's
+    /// documentation).
+    fn chunk_code(&self) -> u32 {
+        if self.chunk_sectors == 0 {
+            0
+        } else {
+            self.chunk_sectors.trailing_zeros() + 1
+        }
     }
 
     /// Uncompressed payload size.
@@ -189,7 +225,7 @@ impl RecordHeader {
         put_u32(b, 0, RECORD_MAGIC);
         b[4] = self.kind as u8;
         b[5] = self.codec as u8;
-        put_u16(b, 6, 0);
+        put_u16(b, 6, self.chunk_code() as u16);
         put_u64(b, 8, self.seq);
         b[16..32].copy_from_slice(&self.uuid);
         put_u64(b, 32, self.lba);
@@ -218,7 +254,8 @@ impl RecordHeader {
         let fields = (self.sectors - 1)
             | (self.stored_len << 5)
             | (u32::from(self.codec as u8) << 23)
-            | (kind_bit << 26);
+            | (kind_bit << 26)
+            | (self.chunk_code() << 27);
         b[0..2].copy_from_slice(&SHORT_MAGIC);
         put_u32(b, 2, fields);
         put_u64(b, 6, self.seq);
@@ -257,7 +294,8 @@ impl RecordHeader {
                 got,
             });
         }
-        if get_u16(b, 6) != 0 {
+        let flags = get_u16(b, 6);
+        if flags & !7 != 0 {
             return Err(FormatError::Invalid {
                 what: "record",
                 why: "reserved flags set".into(),
@@ -273,6 +311,7 @@ impl RecordHeader {
             stored_len: get_u32(b, 44),
             aux: get_u64(b, 48),
             payload_crc: get_u32(b, 56),
+            chunk_sectors: chunk_sectors_of(u32::from(flags))?,
             form: HeaderForm::Full,
         };
         h.check_bounds()?;
@@ -297,7 +336,7 @@ impl RecordHeader {
             });
         }
         let fields = get_u32(b, 2);
-        if fields >> 27 != 0 {
+        if fields >> 30 != 0 {
             return Err(FormatError::Invalid {
                 what: "record",
                 why: "reserved bits set in a short header".into(),
@@ -317,6 +356,7 @@ impl RecordHeader {
             stored_len: fields >> 5 & SHORT_STORED_MAX,
             aux: get_u40(b, 19) * RECORD_ALIGN,
             payload_crc: get_u32(b, 24),
+            chunk_sectors: chunk_sectors_of(fields >> 27 & 7)?,
             form: HeaderForm::Short,
         };
         h.check_bounds()?;
@@ -346,15 +386,35 @@ impl RecordHeader {
                 if self.sectors == 0 || self.sectors > MAX_BLOB_SECTORS {
                     return bad(format!("extent of {} sectors", self.sectors));
                 }
-                if self.stored_len == 0 || self.stored_len as usize > self.raw_len() {
+                // A chunked payload is its table and at least a byte a chunk.
+                let table = self.table_len();
+                if self.is_chunked()
+                    && (!chunks::valid_chunk_sectors(self.chunk_sectors)
+                        || self.chunk_sectors >= self.sectors)
+                {
+                    return bad(format!(
+                        "chunks of {} sectors in an extent of {}",
+                        self.chunk_sectors, self.sectors
+                    ));
+                }
+                let least = if self.is_chunked() {
+                    table + chunks::chunk_count(self.sectors, self.chunk_sectors)
+                } else {
+                    1
+                };
+                let len = self.stored_len as usize;
+                if len < least || len > self.raw_len() + table {
                     return bad(format!(
                         "stored length {} for {} sectors",
                         self.stored_len, self.sectors
                     ));
                 }
-                if self.codec == CodecId::None && self.stored_len as usize != self.raw_len() {
+                if self.codec == CodecId::None && len != self.raw_len() + table {
                     return bad("uncompressed extent with a short payload".into());
                 }
+            }
+            RecordKind::Zero | RecordKind::SegmentHeader if self.is_chunked() => {
+                return bad(format!("a chunked {:?} record", self.kind));
             }
             RecordKind::Zero => {
                 if self.sectors == 0 || self.stored_len != 0 {
@@ -374,6 +434,19 @@ impl RecordHeader {
     }
 }
 
+/// The chunk size a header's chunk code (3 bits) stands for: 0 (one frame)
+/// or `1 << (code - 1)` sectors for codes 1..=5.
+fn chunk_sectors_of(code: u32) -> Result<u32, FormatError> {
+    match code {
+        0 => Ok(0),
+        1..=5 => Ok(1 << (code - 1)),
+        _ => Err(FormatError::Invalid {
+            what: "record",
+            why: format!("unknown chunk code {code}"),
+        }),
+    }
+}
+
 /// A short header's CRC: the volume's uuid, then the header's bytes.
 fn short_crc(uuid: &[u8; 16], bytes: &[u8]) -> u32 {
     checksum::crc32c_append(checksum::crc32c(uuid), bytes)
@@ -390,7 +463,20 @@ fn get_u40(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(v)
 }
 
-/// Checks a payload against the header's checksum.
+/// The chunk table of a chunked record's payload (at least its table's
+/// bytes), checked against the header.
+pub fn chunk_table(h: &RecordHeader, payload: &[u8]) -> Result<ChunkTable, FormatError> {
+    ChunkTable::decode(
+        payload,
+        h.sectors,
+        h.chunk_sectors,
+        h.stored_len,
+        h.payload_crc,
+    )
+}
+
+/// Checks a payload against the header's checksum (a chunked one: its
+/// table, then every chunk against the table).
 pub fn verify_payload(h: &RecordHeader, payload: &[u8]) -> Result<(), FormatError> {
     if payload.len() != h.stored_len as usize {
         return Err(FormatError::Truncated {
@@ -398,6 +484,13 @@ pub fn verify_payload(h: &RecordHeader, payload: &[u8]) -> Result<(), FormatErro
             need: h.stored_len as usize,
             have: payload.len(),
         });
+    }
+    if h.is_chunked() {
+        let table = chunk_table(h, payload)?;
+        for c in table.chunks() {
+            c.verify(&payload[c.stored.clone()])?;
+        }
+        return Ok(());
     }
     let got = checksum::crc32c(payload);
     if got != h.payload_crc {
@@ -497,6 +590,7 @@ mod tests {
             stored_len: 1000,
             aux: 0,
             payload_crc: 0xdead_beef,
+            chunk_sectors: 0,
             form: HeaderForm::Full,
         }
     }
@@ -578,6 +672,7 @@ mod tests {
             stored_len: payload.len() as u32,
             aux: 0,
             payload_crc: crate::checksum::crc32c(payload),
+            chunk_sectors: 0,
             form,
         };
         let mut b = vec![0u8; h.record_len() as usize];
@@ -622,6 +717,7 @@ mod tests {
             stored_len: 131072,
             aux: 0xff_ffff_fff0,
             payload_crc: 0xdead_beef,
+            chunk_sectors: 0,
             form: HeaderForm::Short,
         }
     }
@@ -685,6 +781,86 @@ mod tests {
             RecordHeader::decode(&c, &[9; 16]),
             Err(FormatError::Invalid { .. })
         ));
+    }
+
+    #[test]
+    fn chunked_headers_round_trip_in_both_forms_and_bad_codes_are_refused() {
+        for form in [HeaderForm::Full, HeaderForm::Short] {
+            for cs in [1u32, 2, 4, 8, 16] {
+                let mut h = short_sample();
+                (h.form, h.lba, h.aux) = (form, 1000, 4096);
+                h.chunk_sectors = cs;
+                h.stored_len = h.table_len() as u32 + 5000;
+                let mut b = vec![0u8; h.header_len()];
+                h.encode(&mut b);
+                let d = RecordHeader::decode(&b, &[9; 16]).unwrap();
+                assert_eq!((d, d.is_chunked()), (h, true), "{form:?} {cs}");
+            }
+        }
+        // Codes 6 and 7 stand for no chunk size; each with a valid CRC.
+        let mut h = sample();
+        h.sectors = 32;
+        let mut b = [0u8; 64];
+        h.encode(&mut b);
+        for code in [6u16, 7] {
+            put_u16(&mut b, 6, code);
+            let crc = checksum::crc32c(&b[..60]);
+            put_u32(&mut b, 60, crc);
+            assert!(RecordHeader::decode(&b, &[9; 16]).is_err(), "{code}");
+        }
+        let mut s = vec![0u8; 32];
+        let mut sh = short_sample();
+        sh.chunk_sectors = 0;
+        sh.encode(&mut s);
+        let f = get_u32(&s, 2) | 6 << 27;
+        put_u32(&mut s, 2, f);
+        let crc = short_crc(&[9; 16], &s[..28]);
+        put_u32(&mut s, 28, crc);
+        assert!(RecordHeader::decode(&s, &[9; 16]).is_err());
+    }
+
+    #[test]
+    fn chunked_bounds() {
+        let ok = |sectors, cs, stored, codec| {
+            let mut h = sample();
+            (h.sectors, h.chunk_sectors, h.stored_len, h.codec) = (sectors, cs, stored, codec);
+            h.check_bounds().is_ok()
+        };
+        let raw = 32 * SECTOR_SIZE as u32;
+        assert!(ok(32, 8, 32 + 4, CodecId::Zstd));
+        assert!(!ok(32, 8, 32 + 3, CodecId::Zstd), "a chunk of no bytes");
+        assert!(ok(32, 8, 32 + raw, CodecId::Zstd));
+        assert!(!ok(32, 8, 33 + raw, CodecId::Zstd));
+        assert!(ok(32, 8, 32 + raw, CodecId::None));
+        assert!(!ok(32, 8, raw, CodecId::None), "raw without its table");
+        assert!(
+            !ok(8, 8, 8 + 100, CodecId::Zstd),
+            "one chunk is not chunked"
+        );
+        assert!(!ok(32, 3, 100, CodecId::Zstd));
+        let mut z = sample();
+        (z.kind, z.stored_len, z.chunk_sectors) = (RecordKind::Zero, 0, 4);
+        assert!(z.check_bounds().is_err());
+    }
+
+    #[test]
+    fn a_chunked_payload_is_verified_by_its_table_and_chunks() {
+        let raw: Vec<u8> = (0..10 * SECTOR_SIZE).map(|i| (i % 251) as u8).collect();
+        let (table, crc) = crate::chunks::raw_table(&raw, 4);
+        let mut payload = table;
+        payload.extend_from_slice(&raw);
+        let mut h = sample();
+        (h.codec, h.sectors, h.chunk_sectors) = (CodecId::None, 10, 4);
+        (h.stored_len, h.payload_crc) = (payload.len() as u32, crc);
+        h.check_bounds().unwrap();
+        verify_payload(&h, &payload).unwrap();
+        assert_eq!(chunk_table(&h, &payload).unwrap().chunks().len(), 3);
+        // A flipped bit anywhere: in the table, or in any chunk.
+        for at in [0, 23, 24, 24 + 4 * SECTOR_SIZE, payload.len() - 1] {
+            let mut bad = payload.clone();
+            bad[at] ^= 1;
+            assert!(verify_payload(&h, &bad).is_err(), "byte {at}");
+        }
     }
 
     #[test]

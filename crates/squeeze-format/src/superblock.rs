@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! byte  0  magic             [8]  "SQUEEZE\0"
-//!       8  version           u32  1 to 4 (see `FORMAT_VERSION`)
+//!       8  version           u32  1 to 5 (see `FORMAT_VERSION`)
 //!      12  flags             u32  bit 0: clean (closed with a final checkpoint)
 //!      16  uuid              [16]
 //!      32  generation        u64  bumped on every superblock write
@@ -17,7 +17,8 @@
 //!      64  algorithm codec   u8   CodecId
 //!      65  mode              u8   CompressionMode
 //!      66  recompress codec  u8   CodecId used by the cleaner, 0 = off
-//!      67  reserved          u8
+//!      67  read chunk        u8   format 5: records' chunk code (`record.rs`),
+//!                                 0 = one frame; 0 before format 5
 //!      68  algorithm level   i32
 //!      72  required ratio    u32  parts per million (875000 = 0.875)
 //!      76  min_blob          u32  bytes
@@ -47,8 +48,15 @@ pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"SQUEEZE\0";
 /// version, which upgrades it. Version 3 differs from 4 only in its log:
 /// every record has a full header, where version 4 writes short ones
 /// (`record.rs`) once its superblock says 4; the first checkpoint (a
-/// delta) upgrades it.
-pub const FORMAT_VERSION: u32 = 4;
+/// delta) upgrades it. Version 4 differs from 5 only in its log and
+/// policy: version 5 records may carry chunked payloads (`chunks.rs`), which
+/// a version 4 volume writes once its first checkpoint has made it 5 and
+/// its policy asks for them (`Policy::read_chunk`).
+pub const FORMAT_VERSION: u32 = 5;
+/// The first version whose records may have short headers.
+pub const SHORT_HEADER_VERSION: u32 = 4;
+/// The first version whose records may be chunked.
+pub const CHUNKED_VERSION: u32 = 5;
 /// The oldest version whose checkpoint chain this build extends with a
 /// delta (older chains restart with a base).
 pub const CHAIN_VERSION: u32 = 3;
@@ -114,6 +122,11 @@ pub struct Policy {
     /// Codec the cleaner recompresses moved extents with (None = keep).
     pub recompress_codec: CodecId,
     pub recompress_level: i32,
+    /// Bytes of the independent chunks a record's payload is cut into
+    /// (format 5, `chunks.rs`), so a small read decodes one chunk instead
+    /// of the blob: 0 for one frame per record, else a power of two from
+    /// 4 KiB to 64 KiB.
+    pub read_chunk: u32,
 }
 
 impl Policy {
@@ -148,7 +161,30 @@ impl Policy {
                 f64::from(self.required_ratio_ppm) / 1e6
             ));
         }
+        if self.read_chunk != 0
+            && (!self.read_chunk.is_multiple_of(sector)
+                || !crate::chunks::valid_chunk_sectors(self.read_chunk / sector))
+        {
+            return bad(format!(
+                "read chunk {} must be 0 (one frame a record) or a power of two from 4 KiB to {} KiB",
+                self.read_chunk,
+                crate::chunks::MAX_CHUNK_SECTORS * 4
+            ));
+        }
         Ok(())
+    }
+
+    /// Sectors of a record's chunks under this policy (0: one frame).
+    pub fn read_chunk_sectors(&self) -> u32 {
+        self.read_chunk / SECTOR_SIZE as u32
+    }
+
+    /// The superblock byte of `read_chunk`: 0, or log2 of its sectors + 1.
+    fn read_chunk_code(&self) -> u8 {
+        match self.read_chunk_sectors() {
+            0 => 0,
+            s => s.trailing_zeros() as u8 + 1,
+        }
     }
 }
 
@@ -221,6 +257,12 @@ impl Superblock {
         if self.checkpoint.segments.len() > MAX_CKPT_SEGMENTS {
             return bad("too many checkpoint segments".into());
         }
+        if self.version < CHUNKED_VERSION && self.policy.read_chunk != 0 {
+            return bad(format!(
+                "a read chunk in a version {} superblock (chunked records need version {CHUNKED_VERSION})",
+                self.version
+            ));
+        }
         self.policy.validate()
     }
 
@@ -241,6 +283,7 @@ impl Superblock {
         b[64] = p.codec as u8;
         b[65] = p.mode as u8;
         b[66] = p.recompress_codec as u8;
+        b[67] = p.read_chunk_code();
         put_i32(&mut b, 68, p.level);
         put_u32(&mut b, 72, p.required_ratio_ppm);
         put_u32(&mut b, 76, p.min_blob);
@@ -322,6 +365,16 @@ impl Superblock {
                 min_blob: get_u32(b, 76),
                 max_blob: get_u32(b, 80),
                 recompress_level: get_i32(b, 84),
+                read_chunk: match b[67] {
+                    0 => 0,
+                    c @ 1..=5 => (SECTOR_SIZE as u32) << (c - 1),
+                    c => {
+                        return Err(FormatError::Invalid {
+                            what: "superblock",
+                            why: format!("unknown read chunk code {c}"),
+                        })
+                    }
+                },
             },
             created_unix: get_u64(b, 88),
             clean: flags & 1 != 0,
@@ -357,6 +410,7 @@ mod tests {
                 max_blob: 131072,
                 recompress_codec: CodecId::None,
                 recompress_level: 0,
+                read_chunk: 32 << 10,
             },
             created_unix: 1_700_000_000,
             clean: true,
@@ -373,10 +427,13 @@ mod tests {
         let sb = sample();
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
         // A version 1 superblock stays version 1 until its volume upgrades.
-        let v1 = Superblock {
+        let mut v1 = Superblock {
             version: 1,
             ..sample()
         };
+        // Before version 5 there are no chunks.
+        assert!(v1.validate().is_err());
+        v1.policy.read_chunk = 0;
         assert_eq!(Superblock::decode(&v1.encode()).unwrap().version, 1);
     }
 
@@ -395,7 +452,7 @@ mod tests {
             Err(FormatError::ChecksumMismatch { .. })
         ));
         let mut b = sample().encode();
-        for v in [0, 5, 99] {
+        for v in [0, 6, 99] {
             put_u32(&mut b, 8, v);
             let crc = checksum::crc32c(&b[..SUPERBLOCK_SIZE - 4]);
             put_u32(&mut b, SUPERBLOCK_SIZE - 4, crc);
@@ -420,5 +477,31 @@ mod tests {
         p.min_blob = 4096;
         p.required_ratio_ppm = 0;
         assert!(p.validate().is_err());
+        p.required_ratio_ppm = 875_000;
+        for (chunk, ok) in [
+            (0, true),
+            (4096, true),
+            (65536, true),
+            (131072, false),
+            (12288, false),
+            (100, false),
+        ] {
+            p.read_chunk = chunk;
+            assert_eq!(p.validate().is_ok(), ok, "{chunk}");
+        }
+    }
+
+    #[test]
+    fn the_read_chunk_round_trips_and_bad_codes_are_refused() {
+        for chunk in [0, 4096, 8192, 16384, 32768, 65536] {
+            let mut sb = sample();
+            sb.policy.read_chunk = chunk;
+            assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+        }
+        let mut b = sample().encode();
+        b[67] = 6;
+        let crc = checksum::crc32c(&b[..SUPERBLOCK_SIZE - 4]);
+        put_u32(&mut b, SUPERBLOCK_SIZE - 4, crc);
+        assert!(Superblock::decode(&b).is_err());
     }
 }

@@ -105,6 +105,7 @@ fn superblock(clean: bool, segments: Vec<u32>) -> Superblock {
             max_blob: 64 << 10,
             recompress_codec: CodecId::Deflate,
             recompress_level: 9,
+            read_chunk: 32 << 10,
         },
         created_unix: 1_700_000_000,
         clean,
@@ -145,6 +146,7 @@ fn record_in(
         } else {
             crc32c(payload)
         },
+        chunk_sectors: 0,
         form,
     };
     let mut b = vec![0u8; h.header_len()];
@@ -256,6 +258,31 @@ fn format_decoders(dir: &Path) {
             &record_in(HeaderForm::Short, RecordKind::Relocate, CodecId::Lz4, 2, &comp),
         ),
     );
+    // A chunked raw extent (format 5): 8 sectors in chunks of 4, its table
+    // first; the payload CRC is the table's.
+    {
+        let raw = random(8 * 4096, 3);
+        let (table, crc) = squeeze_format::chunks::raw_table(&raw, 4);
+        let mut payload = table;
+        payload.extend_from_slice(&raw);
+        let h = RecordHeader {
+            kind: RecordKind::Extent,
+            codec: CodecId::None,
+            seq: 42,
+            uuid: UUID,
+            lba: 1000,
+            sectors: 8,
+            stored_len: payload.len() as u32,
+            aux: 0,
+            payload_crc: crc,
+            chunk_sectors: 4,
+            form: HeaderForm::Short,
+        };
+        let mut b = vec![0u8; h.header_len()];
+        h.encode(&mut b);
+        b.extend_from_slice(&payload);
+        put(dir, "record-chunked-raw", &with_mode(0, &b));
+    }
     put(
         dir,
         "record-relocate",

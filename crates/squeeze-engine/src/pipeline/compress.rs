@@ -23,14 +23,54 @@ pub enum Outcome {
 
 #[derive(Debug)]
 pub enum Payload {
-    /// Bytes `start..start+len` of the input buffer, uncompressed.
-    Raw { start: usize },
+    /// Bytes `start..start+len` of the input buffer, uncompressed; behind
+    /// a chunk table when `chunks` says so (format 5: `Chunks::sectors`
+    /// per chunk, each checked on its own).
+    Raw {
+        start: usize,
+        chunks: Option<Chunks>,
+    },
     Compressed {
         codec: CodecId,
+        /// The whole payload (a chunked one starts with its table).
         data: Vec<u8>,
-        /// CRC32C of `data` if the engine computed it with the output.
+        /// The record's payload CRC if the engine computed it with the
+        /// output (always, for a chunked payload: its table's).
         crc: Option<u32>,
+        /// 0: one frame; else the sectors of each chunk.
+        chunk_sectors: u32,
     },
+}
+
+/// The chunk table of a raw payload and its CRC-32C (the record's payload
+/// CRC).
+#[derive(Debug)]
+pub struct Chunks {
+    pub sectors: u32,
+    pub table: Vec<u8>,
+    pub crc: u32,
+}
+
+/// An item's payload as its record carries it: `table` (empty unless
+/// chunked) then `body`.
+#[derive(Clone, Copy, Debug)]
+pub struct Stored<'a> {
+    pub codec: CodecId,
+    /// 0: one frame; else the sectors of each chunk.
+    pub chunk_sectors: u32,
+    pub table: &'a [u8],
+    pub body: &'a [u8],
+}
+
+impl Stored<'_> {
+    /// Bytes of the payload.
+    pub fn len(&self) -> usize {
+        self.table.len() + self.body.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// One piece of the write, ready to append.
@@ -54,7 +94,13 @@ pub enum Item {
         lba: u64,
         sectors: u32,
         codec: CodecId,
+        /// The whole payload (a chunked one starts with its table).
         payload: Vec<u8>,
+        /// 0: one frame; else the sectors of each chunk.
+        chunk_sectors: u32,
+        /// The payload's CRC when known (the moved record's, checked; a
+        /// chunked payload's table CRC).
+        crc: Option<u32>,
         from: u64,
         recompressed: bool,
         /// Copied as it was from a segment that holds bytes written below
@@ -64,33 +110,59 @@ pub enum Item {
 }
 
 impl Item {
-    pub fn payload<'a>(&'a self, buf: &'a [u8]) -> (CodecId, &'a [u8]) {
+    /// The payload its record carries (empty for a zero item).
+    pub fn payload<'a>(&'a self, buf: &'a [u8]) -> Stored<'a> {
+        let whole = |codec, chunk_sectors, body| Stored {
+            codec,
+            chunk_sectors,
+            table: &[],
+            body,
+        };
         match self {
             Item::Blob {
                 sectors,
-                payload: Payload::Raw { start },
+                payload: Payload::Raw { start, chunks },
                 ..
-            } => (
-                CodecId::None,
-                &buf[*start..*start + *sectors as usize * SECTOR_SIZE],
-            ),
+            } => Stored {
+                codec: CodecId::None,
+                chunk_sectors: chunks.as_ref().map_or(0, |c| c.sectors),
+                table: chunks.as_ref().map_or(&[][..], |c| &c.table),
+                body: &buf[*start..*start + *sectors as usize * SECTOR_SIZE],
+            },
             Item::Blob {
-                payload: Payload::Compressed { codec, data, .. },
+                payload:
+                    Payload::Compressed {
+                        codec,
+                        data,
+                        chunk_sectors,
+                        ..
+                    },
                 ..
-            } => (*codec, data),
-            Item::Moved { codec, payload, .. } => (*codec, payload),
-            Item::Zero { .. } => (CodecId::None, &[]),
+            } => whole(*codec, *chunk_sectors, data),
+            Item::Moved {
+                codec,
+                payload,
+                chunk_sectors,
+                ..
+            } => whole(*codec, *chunk_sectors, payload),
+            Item::Zero { .. } => whole(CodecId::None, 0, &[]),
         }
     }
 
-    /// The CRC32C of the payload, if it is already known.
+    /// The record's payload CRC, if it is already known (always for a
+    /// chunked payload: its table's).
     pub fn known_crc(&self) -> Option<u32> {
         match self {
             Item::Blob {
                 payload: Payload::Compressed { crc, .. },
                 ..
             } => *crc,
-            _ => None,
+            Item::Blob {
+                payload: Payload::Raw { chunks, .. },
+                ..
+            } => chunks.as_ref().map(|c| c.crc),
+            Item::Moved { crc, .. } => *crc,
+            Item::Zero { .. } => None,
         }
     }
 }
@@ -124,8 +196,9 @@ pub fn encode(
     pieces: &[Piece],
 ) -> (Vec<Item>, u64) {
     let below_target = alg != policy.algorithm;
+    let chunk_sectors = policy.policy.read_chunk_sectors();
     let (mut items, jobs, job_items) = prepare(policy, hint, buf, shared, pieces);
-    if alg.codec == CodecId::None {
+    let (mut items, cpu_ns) = if alg.codec == CodecId::None {
         // The bottom rung: what the target would have compressed goes raw.
         for &i in &job_items {
             if let Item::Blob {
@@ -135,14 +208,51 @@ pub fn encode(
                 *b = below_target;
             }
         }
-        return (items, 0);
-    }
-    let results = match jobs.len() {
-        0 => return (items, 0),
-        1 => engine.compress_batch(alg, jobs),
-        _ => engine.submit_and_wait(alg, jobs),
+        (items, 0)
+    } else {
+        let results = match jobs.len() {
+            0 => Vec::new(),
+            1 => engine.compress_batch(alg, jobs),
+            _ => engine.submit_and_wait(alg, jobs),
+        };
+        collect(
+            items,
+            &job_items,
+            results,
+            alg.codec,
+            chunk_sectors,
+            below_target,
+        )
     };
-    collect(items, &job_items, results, alg.codec, below_target)
+    chunk_raw_blobs(&mut items, buf, chunk_sectors);
+    (items, cpu_ns)
+}
+
+/// Gives every raw blob of more than `chunk_sectors` sectors its chunk
+/// table (none when `chunk_sectors` is 0), so its small reads check one
+/// chunk, as a compressed blob's do.
+fn chunk_raw_blobs(items: &mut [Item], buf: &[u8], chunk_sectors: u32) {
+    if chunk_sectors == 0 {
+        return;
+    }
+    for it in items {
+        if let Item::Blob {
+            sectors,
+            payload: Payload::Raw { start, chunks },
+            ..
+        } = it
+        {
+            if *sectors > chunk_sectors {
+                let raw = &buf[*start..*start + *sectors as usize * SECTOR_SIZE];
+                let (table, crc) = squeeze_format::chunks::raw_table(raw, chunk_sectors);
+                *chunks = Some(Chunks {
+                    sectors: chunk_sectors,
+                    table,
+                    crc,
+                });
+            }
+        }
+    }
 }
 
 /// The items of `pieces` (blobs as Raw for now), the jobs for the blobs the
@@ -168,6 +278,7 @@ fn prepare(
                 start,
             } => {
                 let len = sectors as usize * SECTOR_SIZE;
+                let chunk = policy.policy.read_chunk as usize;
                 let pl = plan(policy, hint, len);
                 if let Plan::Compress { heuristic } = pl {
                     let (input, base) = input
@@ -184,13 +295,18 @@ fn prepare(
                         // The record's payload checksum, taken where the
                         // output is still in cache.
                         checksum: true,
+                        // Blobs of more than one chunk are chunked.
+                        chunk_bytes: if len > chunk { chunk } else { 0 },
                     });
                     job_items.push(items.len());
                 }
                 items.push(Item::Blob {
                     lba,
                     sectors,
-                    payload: Payload::Raw { start },
+                    payload: Payload::Raw {
+                        start,
+                        chunks: None,
+                    },
                     outcome: Outcome::NotTried,
                     below_target: false,
                 });
@@ -207,12 +323,14 @@ fn collect(
     job_items: &[usize],
     results: Vec<JobResult>,
     codec: CodecId,
+    chunk_sectors: u32,
     below_target: bool,
 ) -> (Vec<Item>, u64) {
     let mut cpu_ns = 0;
     for (r, &i) in results.into_iter().zip(job_items) {
         cpu_ns += r.cpu_ns;
         let Item::Blob {
+            sectors,
             payload,
             outcome,
             below_target: b,
@@ -229,6 +347,11 @@ fn collect(
                     codec,
                     data,
                     crc: r.output_crc32c,
+                    chunk_sectors: if chunk_sectors != 0 && *sectors > chunk_sectors {
+                        chunk_sectors
+                    } else {
+                        0
+                    },
                 };
                 *outcome = Outcome::Compressed;
             }

@@ -121,6 +121,7 @@ mod tests {
             max_blob: 131072,
             recompress_codec: CodecId::None,
             recompress_level: 0,
+            read_chunk: 0,
         })
     }
 

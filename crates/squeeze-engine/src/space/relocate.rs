@@ -24,6 +24,7 @@ use crate::meta::pager;
 use crate::pipeline::compress::{encode, Item, Payload};
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Piece;
+use crate::read;
 use crate::space::{SegState, SegmentId};
 use crate::state::Inner;
 use squeeze_codec::Algorithm;
@@ -281,6 +282,9 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
                 sectors: h.sectors,
                 codec: h.codec,
                 payload: payload.to_vec(),
+                chunk_sectors: h.chunk_sectors,
+                // Checked above: the copy carries the same CRC.
+                crc: Some(h.payload_crc),
                 from: rec_abs,
                 recompressed: false,
                 // Copied as it is: if its segment held bytes below the
@@ -291,9 +295,13 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
         } else {
             let base = raw.len();
             raw.resize(base + h.raw_len(), 0);
-            if h.codec == CodecId::None {
+            if h.codec == CodecId::None && !h.is_chunked() {
                 raw[base..].copy_from_slice(payload);
-            } else if let Err(e) = squeeze_codec::decompress(h.codec, payload, &mut raw[base..]) {
+            } else if let Err(e) = read::decode_payload(&h, payload, &mut raw[base..]) {
+                let e = match e {
+                    read::ChunkError::Format(e) => e.to_string(),
+                    read::ChunkError::Codec(e) => e.to_string(),
+                };
                 tracing::warn!("cleaner: record at {rec_abs} does not decompress: {e}");
                 rep.corrupt_records += 1;
                 raw.truncate(base);
@@ -389,11 +397,27 @@ fn flush_items(
             let Item::Blob { payload, .. } = it else {
                 unreachable!("a data piece encodes to a blob");
             };
-            let (codec, payload, recompressed) = match payload {
-                Payload::Compressed { codec, data, .. } => (codec, data, recompress.is_some()),
-                Payload::Raw { start } => {
+            let recompressed =
+                matches!(payload, Payload::Compressed { .. }) && recompress.is_some();
+            let (codec, payload, chunk_sectors, crc) = match payload {
+                Payload::Compressed {
+                    codec,
+                    data,
+                    crc,
+                    chunk_sectors,
+                } => (codec, data, chunk_sectors, crc),
+                Payload::Raw { start, chunks } => {
                     let len = r.sectors as usize * SECTOR_SIZE;
-                    (CodecId::None, buf[start..start + len].to_vec(), false)
+                    let raw = &buf[start..start + len];
+                    match chunks {
+                        Some(c) => (
+                            CodecId::None,
+                            [&c.table[..], raw].concat(),
+                            c.sectors,
+                            Some(c.crc),
+                        ),
+                        None => (CodecId::None, raw.to_vec(), 0, None),
+                    }
                 }
             };
             rep.recompressed += u64::from(recompressed);
@@ -405,6 +429,8 @@ fn flush_items(
                 sectors: r.sectors,
                 codec,
                 payload,
+                chunk_sectors,
+                crc,
                 from: r.from,
                 recompressed,
                 // Compressed again with the target (or the recompress
