@@ -39,6 +39,19 @@ impl CheckReport {
     }
 }
 
+/// Adds `sectors` damaged sectors from `lba` to `damaged`, extending the
+/// last entry when they follow it with the same error.
+fn note_damage(damaged: &mut Vec<Damage>, lba: u64, sectors: u64, error: String) {
+    match damaged.last_mut() {
+        Some(d) if d.first_lba + d.sectors == lba && d.error == error => d.sectors += sectors,
+        _ => damaged.push(Damage {
+            first_lba: lba,
+            sectors,
+            error,
+        }),
+    }
+}
+
 /// Checks an open volume. `progress(done, total)` is called as sectors are
 /// verified.
 pub fn check(vol: &Volume, mut progress: impl FnMut(u64, u64)) -> CheckReport {
@@ -91,16 +104,21 @@ pub fn check(vol: &Volume, mut progress: impl FnMut(u64, u64)) -> CheckReport {
                 read_extent(inner, e, lba, &mut out[..n * SECTOR_SIZE], true)
             };
             if let Err(err) = res {
-                let msg = err.to_string();
-                match report.damaged.last_mut() {
-                    Some(d) if d.first_lba + d.sectors == lba && d.error == msg => {
-                        d.sectors += n as u64
+                if n == 1 {
+                    note_damage(&mut report.damaged, lba, 1, err.to_string());
+                } else {
+                    // Sector by sector: a chunked record (format 5) loses
+                    // only the sectors of its damaged chunks.
+                    for k in 0..n {
+                        let res = {
+                            let _gate = inner.gate.read();
+                            let ek = entries[i + k].1;
+                            read_extent(inner, ek, lba + k as u64, &mut out[..SECTOR_SIZE], true)
+                        };
+                        if let Err(err) = res {
+                            note_damage(&mut report.damaged, lba + k as u64, 1, err.to_string());
+                        }
                     }
-                    _ => report.damaged.push(Damage {
-                        first_lba: lba,
-                        sectors: n as u64,
-                        error: msg,
-                    }),
                 }
             }
             report.records_checked += 1;

@@ -120,9 +120,11 @@ fn a_damaged_chunk_fails_only_its_own_sectors_and_a_damaged_table_all() {
     // A read across the damage fails whole; `check` names the record.
     let mut b = vec![0u8; 128 << 10];
     assert!(v.read((lba * SECTOR) as u64, &mut b).is_err());
+    // `check` names exactly the chunk's sectors.
     let rep = check(&v, |_, _| {});
     assert!(!rep.is_clean());
-    assert!(rep.damaged_sectors() >= 8, "{rep:?}");
+    assert_eq!(rep.damaged_sectors(), 8, "{rep:?}");
+    assert_eq!(rep.damaged[0].first_lba, h.lba + 8, "{rep:?}");
     // The table itself: every sector of the record fails.
     s.flip_bit(at + hl as u64 + 1, 0);
     for i in [0, 20, 31] {
