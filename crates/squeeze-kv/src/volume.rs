@@ -7,28 +7,50 @@
 //! and the idle upgrade (or `compact`) rewrites them with the target,
 //! zstd:3, once the store's clients pause.
 //!
-//! A store writes one 4 KiB bucket at a time, so the backing file's
-//! write-behind pool needs a few small chunks (1 MiB in all), not the 32
-//! MiB a server keeps to let NBD bursts run ahead of the device; small
-//! segments keep what the cleaner and the idle upgrade find to move in one
-//! victim small. With both, what the process holds is the sector map (8
-//! bytes per mapped bucket, bounded by `VolumeOptions::map_cache`) plus a
-//! few MiB (docs/KV.md, "Memory").
+//! A store writes one 4 KiB bucket at a time and reads back what it just
+//! wrote, so its log goes through the page cache (`io_mode`) rather than
+//! a server's O_DIRECT write-behind pool of 32 MiB (with
+//! `SQUEEZE_IO=direct`, a pool of 1 MiB); small segments keep what the
+//! cleaner and the idle upgrade find to move in one victim small. With
+//! both, what the process holds is the sector map (8 bytes per mapped
+//! bucket, bounded by `VolumeOptions::map_cache`) plus a few MiB
+//! (docs/KV.md, "Memory").
 
 use crate::Result;
-use squeeze_engine::{CreateOptions, FileOptions, FileStorage, OpenOptions, Volume, SECTOR_SIZE};
+use squeeze_engine::{
+    CreateOptions, FileOptions, FileStorage, IoMode, OpenOptions, Volume, SECTOR_SIZE,
+};
 use std::path::Path;
 use std::sync::Arc;
 
 /// Segment size of a store's own volume.
 pub const SEGMENT_SIZE: u64 = 4 << 20;
-/// Write-behind chunks of a store's own volume, and their size: 1 MiB in
-/// all, where a server's pool holds 32 chunks of 1 MiB.
+/// Write-behind chunks of a store's own volume, and their size, when it
+/// writes with O_DIRECT (`SQUEEZE_IO=direct`): 1 MiB in all, where a
+/// server's pool holds 32 chunks of 1 MiB.
 pub const WRITE_BEHIND_CHUNKS: usize = 4;
 pub const WRITE_BEHIND_CHUNK: usize = 256 << 10;
 
+/// Through the page cache unless `SQUEEZE_IO` asks otherwise. A server's
+/// volume writes its log with O_DIRECT, so a record leaves memory once its
+/// chunk of the write-behind pool is written; for a store that reads back
+/// what it just wrote (YCSB's zipfian updates, then reads of the same hot
+/// keys) each such read then waits on the device. An off-CPU profile of
+/// YCSB A (docs/KV.md, "Memory") put 930 ms of the two client threads'
+/// 2.5 s off the CPU in such preads (268 waits of 0.5 ms or more, 3.5 ms
+/// on average); through the page cache they were gone and read p99 fell
+/// from 231-324 us to 17-19. The page cache is the kernel's memory, not
+/// the process's, and the pool's buffers go too.
+fn io_mode() -> IoMode {
+    match std::env::var_os("SQUEEZE_IO") {
+        Some(_) => IoMode::from_env(),
+        None => IoMode::Buffered,
+    }
+}
+
 fn file_options() -> FileOptions {
     FileOptions {
+        mode: io_mode(),
         write_behind_chunks: WRITE_BEHIND_CHUNKS,
         write_behind_chunk: WRITE_BEHIND_CHUNK,
         ..FileOptions::from_env()
