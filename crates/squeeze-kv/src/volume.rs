@@ -53,7 +53,6 @@ fn file_options() -> FileOptions {
         mode: io_mode(),
         write_behind_chunks: WRITE_BEHIND_CHUNKS,
         write_behind_chunk: WRITE_BEHIND_CHUNK,
-        ..FileOptions::from_env()
     }
 }
 
