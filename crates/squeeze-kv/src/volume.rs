@@ -65,8 +65,8 @@ fn file_options() -> FileOptions {
 /// and each put to a paged-out chunk reads it back under the state lock.
 /// At 5 M records a 2 MiB cache took the load from 62 k to 28 k puts/s
 /// and YCSB A from 66 k to 17 k ops/s, and peak RSS did not fall (20 MiB
-/// after the load, 27 by the end of the run, against 22 and 23: the
-/// chunks read back come with their buffers; docs/KV.md, "Memory").
+/// after the load, 27 by the end of the run, against 22 and 23; one run
+/// each on a busy machine: docs/KV.md, "Memory").
 pub const MAP_CACHE_DEFAULT: u64 = 32 << 20;
 
 /// How a store's own volume is made, beside its bucket count.
