@@ -6,7 +6,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use squeeze_engine::storage::aligned::BLOCK;
-use squeeze_engine::storage::{WRITE_BEHIND_CHUNK, WRITE_BEHIND_CHUNKS};
+use squeeze_engine::storage::{WRITE_BEHIND_CHUNK, WRITE_BEHIND_CHUNKS, WRITE_BEHIND_CHUNK_MIN};
 use squeeze_engine::{FileOptions, FileStorage, IoMode, Storage};
 use std::sync::Arc;
 
@@ -26,6 +26,7 @@ fn random_ops(mode: IoMode, seed: u64) {
         FileOptions {
             mode,
             write_behind_chunks: WRITE_BEHIND_CHUNKS,
+            write_behind_chunk: WRITE_BEHIND_CHUNK,
         },
         seed,
     )
@@ -35,7 +36,7 @@ fn random_ops_with(o: FileOptions, seed: u64) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v.sqz");
     let s = FileStorage::create_opts(&path, o).unwrap();
-    let chunk = WRITE_BEHIND_CHUNK;
+    let chunk = o.write_behind_chunk;
     // More chunks than the pool holds, so chunks are evicted.
     let span = (o.write_behind_chunks + 8) * chunk;
     s.allocate(0, span as u64).unwrap();
@@ -117,9 +118,38 @@ fn a_two_chunk_pool_keeps_the_storage_contract() {
             FileOptions {
                 mode: IoMode::Direct,
                 write_behind_chunks: 2,
+                write_behind_chunk: WRITE_BEHIND_CHUNK,
             },
             seed,
         );
+    }
+}
+
+/// A pool of small chunks (squeeze-kv's volume: 256 KiB) keeps the
+/// contract too, and chunk sizes the pool does not take are refused
+/// before the file is made.
+#[test]
+fn small_chunks_keep_the_storage_contract() {
+    for (seed, chunk) in [(20, 256 << 10), (21, WRITE_BEHIND_CHUNK_MIN)] {
+        random_ops_with(
+            FileOptions {
+                mode: IoMode::Direct,
+                write_behind_chunks: 4,
+                write_behind_chunk: chunk,
+            },
+            seed,
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for chunk in [0, 4096, 3 << 18, 2 * WRITE_BEHIND_CHUNK] {
+        let path = dir.path().join(format!("v{chunk}.sqz"));
+        let o = FileOptions {
+            write_behind_chunk: chunk,
+            ..FileOptions::from_env()
+        };
+        let e = FileStorage::create_opts(&path, o).err().expect("refused");
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{chunk}: {e}");
+        assert!(!path.exists(), "{chunk}: the file was made");
     }
 }
 

@@ -20,4 +20,4 @@ pub use error::{KvError, Result};
 pub use store::{
     CreateStore, Expect, Store, BUCKETS_PER_KEY_DEFAULT, KEY_MAX, PROBE_MAX_DEFAULT, RECORD_MAX,
 };
-pub use volume::create_volume;
+pub use volume::{create_volume, create_volume_with, VolumeOptions};

@@ -51,13 +51,18 @@ pub struct KvDb {
 impl KvDb {
     /// A new store with `buckets` buckets (a 4 KiB sector each) on a new
     /// volume with the default policy and the maintenance thread running,
-    /// as `squeeze kv create` makes it; `name` labels its reports.
-    pub fn create(dir: &Path, buckets: u64, name: &str) -> Result<KvDb> {
+    /// as `squeeze kv create` makes it, with `v`; `name` labels its reports.
+    pub fn create(
+        dir: &Path,
+        buckets: u64,
+        name: &str,
+        v: squeeze_kv::VolumeOptions,
+    ) -> Result<KvDb> {
         let path = dir.join("kv.sqz");
         if path.exists() {
             bail!("{} exists: give an empty directory", path.display());
         }
-        let vol = squeeze_kv::create_volume(&path, buckets)?;
+        let vol = squeeze_kv::create_volume_with(&path, buckets, v)?;
         let store = squeeze_kv::Store::create(
             vol.clone(),
             squeeze_kv::CreateStore {
@@ -116,6 +121,13 @@ impl Db for KvDb {
             "checkpoint_base_bytes": s.checkpoint_base_bytes,
             "checkpoint_delta_bytes": s.checkpoint_delta_bytes,
             "compression_ratio": s.compression_ratio,
+            "checkpoints": s.checkpoints,
+            "map_memory_bytes": s.map_memory_bytes,
+            "map_cache_bytes": s.map_cache_bytes,
+            "map_chunks": s.map_chunks,
+            "map_paged_chunks": s.map_paged_chunks,
+            "map_faults": s.map_faults,
+            "map_evictions": s.map_evictions,
             "buckets": self.store().header().buckets,
         })
     }

@@ -68,6 +68,10 @@ struct RunArgs {
     /// header and compression frame; 0.5 writes faster and stores ~7% more).
     #[arg(long, default_value_t = squeeze_kv::BUCKETS_PER_KEY_DEFAULT)]
     buckets_per_key: f64,
+    /// squeeze-kv: bytes of RAM its volume's sector map may use (K, M, G
+    /// suffixes; default squeeze-kv's own).
+    #[arg(long, value_parser = parse_size)]
+    map_cache: Option<u64>,
     /// Skip the final compaction.
     #[arg(long)]
     no_compact: bool,
@@ -97,6 +101,24 @@ fn tune_allocator() {
     }
 }
 
+/// A size in bytes, with an optional K, M or G suffix (powers of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, shift) = match s.strip_suffix(['K', 'k']) {
+        Some(n) => (n, 10),
+        None => match s.strip_suffix(['M', 'm']) {
+            Some(n) => (n, 20),
+            None => match s.strip_suffix(['G', 'g']) {
+                Some(n) => (n, 30),
+                None => (s, 0),
+            },
+        },
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("{s:?} is not a size (bytes, or a number with K, M or G)"))
+}
+
 fn open_db(a: &RunArgs, records_total: u64) -> Result<Box<dyn Db>> {
     std::fs::create_dir_all(&a.dir)
         .with_context(|| format!("cannot create {}", a.dir.display()))?;
@@ -116,7 +138,11 @@ fn open_db(a: &RunArgs, records_total: u64) -> Result<Box<dyn Db>> {
             } else {
                 format!("squeeze-kv ({} buckets/record)", a.buckets_per_key)
             };
-            Box::new(KvDb::create(&a.dir, buckets, &name)?)
+            let mut v = squeeze_kv::VolumeOptions::default();
+            if let Some(c) = a.map_cache {
+                v.map_cache = c;
+            }
+            Box::new(KvDb::create(&a.dir, buckets, &name, v)?)
         }
         "rocksdb" => rocksdb(a)?,
         d => bail!("unknown --db {d:?} (kv, rocksdb)"),

@@ -19,7 +19,13 @@ fn load_then_every_workload_on_squeeze_kv() {
         sync_every: 500,
         seed: 7,
     };
-    let db = KvDb::create(dir.path(), 4000, "squeeze-kv").unwrap();
+    let db = KvDb::create(
+        dir.path(),
+        4000,
+        "squeeze-kv",
+        squeeze_kv::VolumeOptions::default(),
+    )
+    .unwrap();
     let load = runner::load(&db, &cfg).unwrap();
     assert_eq!((load.phase.as_str(), load.writes), ("load", 3000));
     assert!(load.syncs >= 6, "{load:?}");

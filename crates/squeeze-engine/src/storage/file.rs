@@ -21,6 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Bytes per write-behind chunk: one direct write each.
 pub const WRITE_BEHIND_CHUNK: usize = 1 << 20;
+/// The smallest write-behind chunk `FileOptions` takes.
+pub const WRITE_BEHIND_CHUNK_MIN: usize = 64 << 10;
 /// Chunks in the write-behind pool (its memory, allocated as needed).
 pub const WRITE_BEHIND_CHUNKS: usize = 32;
 /// Threads writing completed chunks out, so writers never wait for the
@@ -38,6 +40,10 @@ pub struct FileOptions {
     /// client writes run ahead of the device; an embedded store that
     /// writes 4 KiB at a time (squeeze-kv) needs far fewer.
     pub write_behind_chunks: usize,
+    /// Bytes per chunk of the pool, one direct write each: a power of two
+    /// from [`WRITE_BEHIND_CHUNK_MIN`] to [`WRITE_BEHIND_CHUNK`] (the
+    /// default; an embedded store's smaller pool takes smaller chunks).
+    pub write_behind_chunk: usize,
 }
 
 impl FileOptions {
@@ -46,7 +52,24 @@ impl FileOptions {
         FileOptions {
             mode: IoMode::from_env(),
             write_behind_chunks: WRITE_BEHIND_CHUNKS,
+            write_behind_chunk: WRITE_BEHIND_CHUNK,
         }
+    }
+
+    /// Refuses a chunk size the pool does not take.
+    fn check(&self) -> io::Result<()> {
+        let chunk = self.write_behind_chunk;
+        if chunk.is_power_of_two() && (WRITE_BEHIND_CHUNK_MIN..=WRITE_BEHIND_CHUNK).contains(&chunk)
+        {
+            return Ok(());
+        }
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a write-behind chunk of {chunk} bytes: the pool takes a power of two \
+                 from {WRITE_BEHIND_CHUNK_MIN} to {WRITE_BEHIND_CHUNK}"
+            ),
+        ))
     }
 }
 
@@ -314,6 +337,7 @@ impl FileStorage {
 
     /// `open` with the write path and the pool chosen by the caller.
     pub fn open_opts(path: &Path, o: FileOptions) -> io::Result<FileStorage> {
+        o.check()?;
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let direct = Self::open_direct(path, &file, o)?;
         let s = FileStorage {
@@ -349,7 +373,7 @@ impl FileStorage {
                 };
                 Ok(Some(Direct::with_threads(
                     disk,
-                    WRITE_BEHIND_CHUNK,
+                    o.write_behind_chunk,
                     o.write_behind_chunks.max(2),
                     FLUSHER_THREADS,
                 )?))
@@ -434,6 +458,7 @@ impl FileStorage {
 
     /// `create` with the write path and the pool chosen by the caller.
     pub fn create_opts(path: &Path, o: FileOptions) -> io::Result<FileStorage> {
+        o.check()?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)

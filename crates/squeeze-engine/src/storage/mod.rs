@@ -14,7 +14,10 @@ mod holder;
 mod sim;
 pub mod write_behind;
 
-pub use file::{FileOptions, FileStorage, IoMode, WRITE_BEHIND_CHUNK, WRITE_BEHIND_CHUNKS};
+pub use file::{
+    FileOptions, FileStorage, IoMode, WRITE_BEHIND_CHUNK, WRITE_BEHIND_CHUNKS,
+    WRITE_BEHIND_CHUNK_MIN,
+};
 pub use sim::{SimFaults, SimStorage, SimWriteBehind, SimWriteBehindConfig};
 
 use std::io;
