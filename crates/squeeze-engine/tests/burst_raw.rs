@@ -176,7 +176,9 @@ fn the_room_rule_bounds_the_burst_under_a_cap() {
         "{} raw of {room_before}",
         st.burst_raw_pending_bytes
     );
-    assert!(st.burst_raw_pending_bytes >= room_before / 8, "{st:?}");
+    // (How much of it depends on the room left when the law reached raw:
+    // the exact rule is `pipeline::burst`'s unit tests'.)
+    assert!(st.burst_raw_pending_bytes > 0, "{st:?}");
     // The burst goes on at lz4: no more raw, writes still succeed.
     let raw = st.burst_raw_bytes;
     for _ in 0..32 {
