@@ -45,7 +45,10 @@ def du():
 t0 = time.time(); prev = None; rows = []
 print("t codec why cpu MB/s raw_stored_MiB raw_pending_MiB room_open live_ratio du_ratio_of_mapped")
 while True:
-    alive = os.path.exists(f"/proc/{writer}") and open(f"/proc/{writer}/stat").read().split()[2] != "Z"
+    try:
+        alive = open(f"/proc/{writer}/stat").read().split()[2] != "Z"
+    except OSError:
+        alive = False
     time.sleep(1)
     try:
         s = stats()
