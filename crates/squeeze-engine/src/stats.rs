@@ -147,7 +147,7 @@ pub struct VolumeStats {
     pub burst_raw_upgraded_bytes: u64,
     /// The adaptive codec's lowest rung ("raw" or "lz4"; "" without
     /// adaptation), and whether the room rule let the raw rung be taken
-    /// at its last reading.
+    /// at its last reading (true before any).
     #[serde(default)]
     pub burst_floor: String,
     #[serde(default)]
@@ -224,7 +224,7 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
                 Some(a.why()),
                 a.cpu_busy(),
                 a.floor().to_string(),
-                a.has_raw_rung() && a.raw_room_open(),
+                a.raw_room_open(),
             ),
             None => (p.algorithm.to_string(), None, None, String::new(), false),
         }
