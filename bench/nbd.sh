@@ -17,6 +17,8 @@
 #   "lz4":  PEERS="nbd-raw custom" with squeeze on `--algorithm lz4` (the faster, lower-ratio codec);
 #   "zstd1": PEERS="nbd-qcow2-compress custom" with squeeze on `--algorithm zstd:1 --max-blob 64K`
 #           (the default before zstd:3 with 128K blobs: faster on real files, 5% less ratio).
+#   "default": PEERS="nbd-raw custom" with squeeze's defaults (pass 1 without qcow2);
+#   "floor-lz4": PEERS="nbd-raw custom" with `--burst-floor lz4` (the adaptive codec's old floor).
 #
 # Workloads (fio 3.33 ioengine=nbd, data 60% compressible per 4 KiB chunk, refilled per I/O):
 #   W1 128k sequential write of FIO_SIZE at QD128, 128k sequential read QD128, 4k random read
@@ -43,7 +45,8 @@ PASSES=${PASSES:-compress none}
 
 [[ $(id -u) == 0 ]] || sq_die "run.sh needs root"
 for pass in $PASSES; do
-  [[ $pass == @(compress|none|lz4|zstd1) ]] || sq_die "unknown pass $pass (compress, none, lz4, zstd1)"
+  [[ $pass == @(compress|none|lz4|zstd1|default|floor-lz4) ]] ||
+    sq_die "unknown pass $pass (compress, none, lz4, zstd1, default, floor-lz4)"
 done
 sq_need_tools
 sq_lock
@@ -58,6 +61,8 @@ for pass in $PASSES; do
     compress) sq_run_pass "$OUT/$pass" squeeze "nbd-raw nbd-qcow2-compress custom" ;;
     none) sq_run_pass "$OUT/$pass" squeeze-mode-none "nbd-raw custom" --mode none ;;
     lz4) sq_run_pass "$OUT/$pass" squeeze-lz4 "nbd-raw custom" --algorithm lz4 ;;
+    default) sq_run_pass "$OUT/$pass" squeeze "nbd-raw custom" ;;
+    floor-lz4) sq_run_pass "$OUT/$pass" squeeze-floor-lz4 "nbd-raw custom" --burst-floor lz4 ;;
     zstd1) sq_run_pass "$OUT/$pass" squeeze-zstd1-64k "nbd-qcow2-compress custom" --algorithm zstd:1 --max-blob 64K ;;
   esac
   python3 "$SQ_RESULTS_PY" from-csv "$OUT/$pass/results.csv" pass="$pass" | sq_result -

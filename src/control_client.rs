@@ -34,6 +34,10 @@ pub struct ControlRequest {
     /// set: the new --max-physical in bytes (0 = none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_physical: Option<u64>,
+    /// set: the adaptive codec's lowest rung under busy cores ("raw" or
+    /// "lz4"; `serve --burst-floor`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst_floor: Option<String>,
     /// resize: the new logical size in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<u64>,

@@ -133,3 +133,9 @@ pub fn policy_json(p: &Policy) -> serde_json::Value {
 pub fn alg_name(codec: CodecId, level: i32) -> String {
     Algorithm::new(codec, level).to_string()
 }
+
+/// `--burst-floor`: the adaptive codec's lowest rung under busy cores.
+pub fn parse_floor(s: &str) -> Result<squeeze_engine::pipeline::burst::BurstFloor, String> {
+    squeeze_engine::pipeline::burst::BurstFloor::parse(s)
+        .ok_or_else(|| format!("{s:?}: the burst floor is raw or lz4"))
+}

@@ -317,3 +317,28 @@ fn required_ratio_is_a_number_from_a_millionth_to_1() {
     srv.stop();
     assert_eq!(file_settings(v).2, 0.5);
 }
+
+#[test]
+fn the_burst_floor_is_set_on_a_running_server_only() {
+    let w = Workdir::new();
+    w.create("256M", &["--segment-size", "1M"]);
+    let srv = Serve::start(&w, &["--burst-floor", "lz4"]);
+    let ctl = srv.control.to_str().unwrap().to_string();
+    assert_eq!(live_stats(&srv)["burst_floor"], "lz4");
+    let out = squeeze_ok(&["set", &ctl, "--burst-floor", "raw"]);
+    assert!(out.contains("burst_floor raw"), "{out}");
+    assert_eq!(live_stats(&srv)["burst_floor"], "raw");
+    // A bad value is refused by the client and by the socket.
+    let e = squeeze_err(&["set", &ctl, "--burst-floor", "zstd"]);
+    assert!(e.contains("raw or lz4"), "{e}");
+    let a = control_raw(&srv.control, r#"{"op":"set","burst_floor":"snappy"}"#);
+    assert!(
+        a["error"].as_str().unwrap_or("").contains("raw or lz4"),
+        "{a}"
+    );
+    assert_eq!(live_stats(&srv)["burst_floor"], "raw");
+    drop(srv);
+    // Not stored in the volume: a file is refused, by name.
+    let e = squeeze_err(&["set", w.volume().to_str().unwrap(), "--burst-floor", "lz4"]);
+    assert!(e.contains("not stored in the volume"), "{e}");
+}

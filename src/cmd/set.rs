@@ -1,7 +1,9 @@
-//! `squeeze set PATH|SOCKET [--volume NAME] [policy] [--max-physical SIZE]`:
-//! change the policy for future writes (as `ceph osd pool set` does; data
-//! already written keeps its codec) and the cap on the backing file, on a
-//! volume file or, through its control socket, on a running server.
+//! `squeeze set PATH|SOCKET [--volume NAME] [policy] [--max-physical SIZE]
+//! [--burst-floor raw|lz4]`: change the policy for future writes (as `ceph
+//! osd pool set` does; data already written keeps its codec) and the cap on
+//! the backing file, on a volume file or, through its control socket, on a
+//! running server; and a running server's burst floor (not stored in the
+//! volume: `serve --burst-floor`).
 
 use crate::control_client::{control_call, is_socket, ControlRequest};
 use crate::policy_args::{policy_json, PolicyArgs};
@@ -24,15 +26,20 @@ pub struct Args {
     /// below what the file uses is refused (compact first).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_physical: Option<u64>,
+    /// With a control socket: the adaptive codec's lowest rung under busy
+    /// cores, `raw` or `lz4` (as `squeeze serve --burst-floor`).
+    #[arg(long, value_name = "raw|lz4", value_parser = crate::policy_args::parse_floor)]
+    pub burst_floor: Option<squeeze_engine::pipeline::burst::BurstFloor>,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
     let policy_changes = a.policy.given();
-    if !policy_changes && a.max_physical.is_none() {
+    if !policy_changes && a.max_physical.is_none() && a.burst_floor.is_none() {
         bail!(
-            "nothing to change: give policy options (--algorithm, --mode, ...) or --max-physical"
+            "nothing to change: give policy options (--algorithm, --mode, ...), --max-physical or --burst-floor"
         );
     }
+    let mut floor = String::new();
     // (volume, policy as `policy_json` shows it, max_physical)
     let (name, p, max_physical) = if is_socket(&a.path) {
         let v = control_call(
@@ -42,9 +49,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 volume: a.volume.clone(),
                 policy: policy_changes.then(|| a.policy.clone()),
                 max_physical: a.max_physical,
+                burst_floor: a.burst_floor.map(|f| f.to_string()),
                 ..Default::default()
             },
         )?;
+        floor = v["burst_floor"].as_str().unwrap_or("").to_string();
         (
             v["volume"].as_str().unwrap_or("?").to_string(),
             v["policy"].clone(),
@@ -53,6 +62,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     } else {
         if a.volume.is_some() {
             bail!("--volume names an export of a running server: PATH is a volume file");
+        }
+        if a.burst_floor.is_some() {
+            bail!("--burst-floor is not stored in the volume: give it to `squeeze serve`, or set it on a running server through its control socket");
         }
         let vol = open_volume(&a.path, false)?;
         // All or nothing: every change is checked before any is made.
@@ -81,6 +93,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
     } else {
         human(max_physical)
     };
-    outln!("{name}: {policy} max_physical {cap}");
+    if floor.is_empty() {
+        outln!("{name}: {policy} max_physical {cap}");
+    } else {
+        outln!("{name}: {policy} max_physical {cap} burst_floor {floor}");
+    }
     Ok(ExitCode::SUCCESS)
 }

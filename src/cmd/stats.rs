@@ -218,6 +218,20 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
             String::new()
         }
     );
+    if !s.burst_floor.is_empty() {
+        outln!(
+            "burst floor            {}{}; {} stored raw under saturated cores, {} pending, {} upgraded",
+            s.burst_floor,
+            if s.burst_floor == "raw" && !s.burst_raw_room_open {
+                " (room spent: lz4)"
+            } else {
+                ""
+            },
+            human(s.burst_raw_bytes),
+            human(s.burst_raw_pending_bytes),
+            human(s.burst_raw_upgraded_bytes)
+        );
+    }
     outln!(
         "map memory             {} ({:.2} bytes per mapped sector; cache {})",
         human(s.map_memory_bytes),

@@ -182,6 +182,15 @@ pub(crate) fn append(inner: &Inner, items: &[Item], buf: &[u8], room: Room) -> R
                 st.usage
                     .note_below_target(p.segment, u64::from(*sectors) * SECTOR);
             }
+            if let Item::Blob {
+                sectors,
+                outcome: Outcome::Deferred,
+                ..
+            } = &items[i]
+            {
+                st.usage
+                    .note_burst_raw(p.segment, u64::from(*sectors) * SECTOR);
+            }
         }
         installed
     };
@@ -221,6 +230,7 @@ pub(crate) fn append(inner: &Inner, items: &[Item], buf: &[u8], room: Room) -> R
                     }
                     Outcome::Rejected => c.add(Counter::BlobsRejected, 1),
                     Outcome::Skipped | Outcome::NotTried => c.add(Counter::BlobsSkipped, 1),
+                    Outcome::Deferred => c.add(Counter::BurstRawBytes, raw),
                 }
             }
         }

@@ -56,9 +56,11 @@ counters! {
     MapEvictions = 36, "Map chunks paged out to the checkpoint chain (the map over its cache).";
     DamagedOpens = 37, "Opens that found damage (a superblock slot, flushed records gone, a file cut short) and went on.";
     LostFlushedRecords = 38, "Flushed log records recovery found missing and whose loss was accepted at open (--accept-loss).";
+    BurstRawBytes = 39, "Raw bytes of client blobs stored raw by the adaptive codec's raw rung (cores saturated, room to hold them; pipeline::burst).";
+    BurstRawUpgradedBytes = 40, "Of those, raw bytes in segments the upgrade rewrote with the policy's codec.";
 }
 
-pub const COUNTERS: usize = 39;
+pub const COUNTERS: usize = 41;
 
 pub struct Counters {
     v: [AtomicU64; COUNTERS],

@@ -109,6 +109,12 @@ pub struct OpenOptions {
     /// whose clients run in its own process (squeeze-kv's own volume);
     /// ignored with `no_adapt`.
     pub adapt_defer: bool,
+    /// The adaptive codec's lowest rung while the cores are saturated
+    /// (`pipeline::burst`): raw (the default: bursts stored raw while the
+    /// volume has room for them, compressed by the idle upgrade) or lz4
+    /// (the ratio kept during bursts). Changed on an open volume with
+    /// [`Volume::set_burst_floor`]; not stored in the volume.
+    pub burst_floor: crate::pipeline::burst::BurstFloor,
     /// When the cleaner works; None: the default garbage budget
     /// (`space::gc_policy::GcPolicy`).
     pub gc: Option<crate::space::gc_policy::GcPolicy>,

@@ -132,6 +132,26 @@ pub struct VolumeStats {
     /// Wall-clock seconds the upgrade spent.
     #[serde(default)]
     pub upgrade_seconds: f64,
+    /// Of `below_target_bytes`, raw bytes the adaptive codec stored raw
+    /// because the cores were saturated even at lz4 and the volume had
+    /// room for them (`pipeline::burst`), since the volume was created.
+    #[serde(default)]
+    pub burst_raw_bytes: u64,
+    /// Of those, bytes in segments the upgrade has still to rewrite (0
+    /// after a reopen: the below-target notes still cover them).
+    #[serde(default)]
+    pub burst_raw_pending_bytes: u64,
+    /// Of those, bytes in segments the upgrade rewrote with the target
+    /// (the rest were overwritten or trimmed before it came).
+    #[serde(default)]
+    pub burst_raw_upgraded_bytes: u64,
+    /// The adaptive codec's lowest rung ("raw" or "lz4"; "" without
+    /// adaptation), and whether the room rule let the raw rung be taken
+    /// at its last reading (true before any).
+    #[serde(default)]
+    pub burst_floor: String,
+    #[serde(default)]
+    pub burst_raw_room_open: bool,
     /// The codec the last client write batch got (the target, or a rung
     /// under it while the engine was behind or the cores busy).
     #[serde(default)]
@@ -183,23 +203,30 @@ pub struct VolumeStats {
 /// A point-in-time view of the counters and space.
 pub(crate) fn collect(inner: &Inner) -> VolumeStats {
     let c = &inner.counters;
-    let (mapped, stored, map_mem, below_pending, dirty, chunks, paged) = {
+    let (mapped, stored, map_mem, below_pending, burst_pending, dirty, chunks, paged) = {
         let st = inner.state.read();
         (
             st.map.mapped(),
             st.usage.live_bytes,
             st.map_memory_bytes(),
             st.usage.below_target_total(),
+            st.usage.burst_raw_total(),
             st.map.dirty_sectors(),
             st.map.chunk_count() as u64,
             st.map.paged_count() as u64,
         )
     };
-    let (write_algorithm, write_algorithm_why, cpu_busy) = {
+    let (write_algorithm, write_algorithm_why, cpu_busy, burst_floor, room_open) = {
         let p = inner.policy.read();
         match &p.adapt {
-            Some(a) => (a.current().to_string(), Some(a.why()), a.cpu_busy()),
-            None => (p.algorithm.to_string(), None, None),
+            Some(a) => (
+                a.current().to_string(),
+                Some(a.why()),
+                a.cpu_busy(),
+                a.floor().to_string(),
+                a.raw_room_open(),
+            ),
+            None => (p.algorithm.to_string(), None, None, String::new(), false),
         }
     };
     let (base_bytes, delta_bytes, deltas) = {
@@ -286,6 +313,11 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         below_target_bytes: c.get(Counter::BelowTargetBytes),
         below_target_pending_bytes: below_pending,
         upgraded_bytes: c.get(Counter::UpgradedBytes),
+        burst_raw_bytes: c.get(Counter::BurstRawBytes),
+        burst_raw_pending_bytes: burst_pending,
+        burst_raw_upgraded_bytes: c.get(Counter::BurstRawUpgradedBytes),
+        burst_floor,
+        burst_raw_room_open: room_open,
         upgrade_seconds: c.get(Counter::UpgradeNs) as f64 / 1e9,
         write_algorithm,
         write_algorithm_why,

@@ -30,6 +30,7 @@ use crate::locks::{RangeLocks, Tickets};
 use crate::map::SectorMap;
 use crate::meta::flush_marks::{self, Synced};
 use crate::meta::{checkpoint, pager, recovery, superblock as sbio};
+use crate::pipeline::burst::BurstFloor;
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Zeros;
 use crate::space::ahead::ALLOC_STEP;
@@ -350,6 +351,7 @@ impl Volume {
                         .unwrap_or(crate::pipeline::adapt::LAW_DEFAULT),
                     cpu: open.adapt_cpu.clone(),
                     defer: open.adapt_defer,
+                    floor: open.burst_floor,
                 }),
             )),
             sb: Mutex::new(sb),
@@ -525,6 +527,16 @@ impl Volume {
         }
         *sb = next;
         Ok(())
+    }
+
+    /// Sets the adaptive codec's lowest rung under saturated cores
+    /// (`OpenOptions::burst_floor`) for the writes to come; the volume's
+    /// file is not touched. None when the volume does not adapt.
+    pub fn set_burst_floor(&self, floor: BurstFloor) -> Option<BurstFloor> {
+        let p = self.inner.policy.read();
+        let a = p.adapt.as_ref()?;
+        a.set_floor(floor);
+        Some(a.floor())
     }
 
     /// Changes the logical size to `new_size` bytes (a multiple of 4096),

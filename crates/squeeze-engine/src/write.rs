@@ -5,6 +5,7 @@
 use crate::append::{self, Room};
 use crate::counters::Counter;
 use crate::error::Result;
+use crate::pipeline::burst::RoomReading;
 use crate::pipeline::compress::{encode, Item};
 use crate::pipeline::policy::Hint;
 use crate::pipeline::split::{split, Piece, Zeros};
@@ -91,7 +92,11 @@ fn write_sectors(
             .add(Counter::ZeroSectorsWritten, zero_sectors);
         let shared = shared.map(|(a, base)| (a, base + k * batch));
         let written = inner.counters.get(Counter::BytesWritten);
-        let alg = policy.write_algorithm(&*inner.engine, written);
+        let room = || RoomReading {
+            free_bytes: crate::stats::space(inner).free_physical,
+            pending_raw_bytes: inner.state.read().usage.burst_raw_total(),
+        };
+        let alg = policy.write_algorithm(&*inner.engine, written, &room);
         let (items, cpu_ns) = encode(&*inner.engine, &policy, alg, hint, chunk, shared, &pieces);
         inner.counters.add(Counter::CompressNs, cpu_ns);
         append_making_room(inner, &items, chunk, Room::Data)?;

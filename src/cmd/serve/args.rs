@@ -114,6 +114,16 @@ pub struct Args {
     /// codec").
     #[arg(long, conflicts_with = "no_adapt")]
     pub no_cpu_adapt: bool,
+    /// The lowest codec the busy cores may take: `raw` (the default) stores
+    /// a write batch uncompressed once the cores have stayed saturated at
+    /// lz4 too, while the volume has room for it (at most a quarter of the
+    /// room it had when the burst began, under --max-physical and the
+    /// backing file system's free space), and the idle upgrade compresses
+    /// it with the policy's algorithm; `lz4` keeps the ratio during bursts
+    /// at lz4's. Changed on a running server with `squeeze set SOCKET
+    /// --burst-floor` (docs/ARCHITECTURE.md, "Adaptive write codec").
+    #[arg(long, value_name = "raw|lz4", default_value = "raw", value_parser = crate::policy_args::parse_floor)]
+    pub burst_floor: squeeze_engine::pipeline::burst::BurstFloor,
     /// RAM the sector map of each volume may use (default 128M, at least
     /// 64K). Beyond it, map chunks that did not change since the last
     /// checkpoint page out to the checkpoint chain on the volume and are

@@ -102,18 +102,33 @@ fn control_request(
         "set" => {
             let (name, dev) = pick()?;
             let policy = req.policy.as_ref().filter(|p| p.given());
-            if policy.is_none() && req.max_physical.is_none() {
+            if policy.is_none() && req.max_physical.is_none() && req.burst_floor.is_none() {
                 bail!("set: nothing to change");
             }
             // All or nothing: every change is checked before any is made.
             let policy = policy.map(|p| p.apply(dev.vol.policy())).transpose()?;
-            dev.vol.set_settings(policy, req.max_physical)?;
+            let floor = req
+                .burst_floor
+                .as_deref()
+                .map(|f| crate::policy_args::parse_floor(f).map_err(anyhow::Error::msg))
+                .transpose()?;
+            if floor.is_some() && dev.vol.stats().burst_floor.is_empty() {
+                bail!("set: this volume does not adapt its codec (--no-adapt): no burst floor");
+            }
+            if policy.is_some() || req.max_physical.is_some() {
+                dev.vol.set_settings(policy, req.max_physical)?;
+            }
+            if let Some(f) = floor {
+                dev.vol.set_burst_floor(f);
+            }
+            let floor = dev.vol.stats().burst_floor;
             tracing::info!(volume = %name, "settings changed through the control socket");
             Ok(serde_json::json!({
                 "ok": true,
                 "volume": name,
                 "policy": policy_json(&dev.vol.policy()),
                 "max_physical": dev.vol.superblock().max_physical,
+                "burst_floor": floor,
             }))
         }
         "resize" => {

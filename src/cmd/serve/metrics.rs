@@ -251,6 +251,24 @@ pub(super) fn prometheus(
         |s: &VolumeStats| s.upgraded_bytes
     );
     m!(
+        "burst_raw_bytes_total",
+        "Raw bytes of client writes stored uncompressed because the cores were saturated even at lz4 and the volume had room (the adaptive codec's raw rung).",
+        "counter",
+        |s: &VolumeStats| s.burst_raw_bytes
+    );
+    m!(
+        "burst_raw_pending_bytes",
+        "Of those, bytes the idle upgrade has still to compress (upper bound).",
+        "gauge",
+        |s: &VolumeStats| s.burst_raw_pending_bytes
+    );
+    m!(
+        "burst_raw_upgraded_bytes_total",
+        "Of those, bytes the idle upgrade compressed with the policy's codec.",
+        "counter",
+        |s: &VolumeStats| s.burst_raw_upgraded_bytes
+    );
+    m!(
         "upgrade_seconds_total",
         "Wall-clock seconds the idle upgrade spent (upgraded_bytes_total over it is the upgrade rate).",
         "counter",

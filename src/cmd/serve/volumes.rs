@@ -69,6 +69,7 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
                     cpu_source()
                 },
                 map_cache: a.map_cache,
+                burst_floor: a.burst_floor,
                 engine: a.simulate_saturated_engine.then(saturated_engine),
                 gc: Some(squeeze_engine::GcPolicy {
                     garbage_budget: a.gc_budget / 100.0,

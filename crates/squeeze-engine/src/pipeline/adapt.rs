@@ -37,31 +37,41 @@
 //!   rungs: the target and the ladder's fastest; and with it trials of
 //!   the fastest rung between the two laws' thresholds ([`super::trial`]).
 //!   Each keeps its own rung; a batch gets the fastest of them.
+//! - The floor ([`super::burst`]): under a compressing target the CPU law
+//!   has one more rung, storing raw (codec none), while the floor is raw
+//!   (the default; [`BurstFloor::Lz4`] keeps the old floor) and the
+//!   volume has room for the burst uncompressed ([`RawRoom`], asked while
+//!   the CPU law stands below the target). When the room runs out the rung
+//!   goes away: lz4 again. The backlog's law and the trials never store
+//!   raw (the engine has nothing to be behind on at raw).
 //!
-//! Invariants: the rung is in `0..ladder.len()`; rung 0 is the target;
-//! with adaptation off, or an engine that reports no backlog and no CPU
-//! source, every batch gets the target.
+//! Invariants: the rung is in `0..=ladder.len()`, `ladder.len()` being the
+//! raw rung; rung 0 is the target; with adaptation off, or an engine that
+//! reports no backlog and no CPU source, every batch gets the target; a
+//! batch is stored raw only when the CPU law is on its raw rung, which it
+//! has only while the floor is raw and the room rule is open.
 
+use super::burst::{BurstFloor, RawRoom, RoomReading, ROOM_DEFAULT};
 use super::headroom::BusySource;
 use super::law::{LawState, HEADROOM_LAW};
 use super::trial::{Trial, TRIAL_DEFAULT};
 use parking_lot::Mutex;
 use squeeze_codec::{Algorithm, CompressEngine};
 use squeeze_format::CodecId;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 // The law a volume is opened with, named where callers have always found it.
 pub use super::law::{Law, LAW_DEFAULT};
 
-/// The rungs under `target`, fastest last: the target, its codec's
-/// fastest level (if the target is slower) and lz4 (if the target is not
-/// lz4 already). Storing raw is not a rung: lz4 still stores the W3 tar at
-/// about 2.1:1 at several hundred MB/s per core, and raw records would
-/// cost the device more than twice the bytes while the ratio in a burst
-/// fell to 1 (measured: docs/benchmarks-history.md, issue 16). A target of none or
-/// lz4 has no ladder.
+/// The compressing rungs under `target`, fastest last: the target, its
+/// codec's fastest level (if the target is slower) and lz4 (if the target
+/// is not lz4 already). A target of none or lz4 has no compressing rung
+/// under it. Storing raw is the CPU law's rung under these, bounded by
+/// the volume's room ([`super::burst`]; issue 16 had measured raw records
+/// costing the device more than twice lz4's bytes in a burst, which is
+/// why it is bounded and undone by the idle upgrade).
 pub fn ladder(target: Algorithm) -> Vec<Algorithm> {
     let mut rungs = vec![target];
     if target.codec == CodecId::None {
@@ -106,6 +116,8 @@ pub struct AdaptConfig {
     /// process (squeeze-kv), whose every operation waits on its own
     /// compression while the cores stay below the CPU law's threshold.
     pub defer: bool,
+    /// The CPU law's lowest rung (settable later: [`AdaptiveCodec::set_floor`]).
+    pub floor: BurstFloor,
 }
 
 impl AdaptConfig {
@@ -115,6 +127,7 @@ impl AdaptConfig {
             law,
             cpu: None,
             defer: false,
+            floor: BurstFloor::default(),
         }
     }
 }
@@ -125,6 +138,7 @@ impl std::fmt::Debug for AdaptConfig {
             .field("law", &self.law)
             .field("cpu", &self.cpu.is_some())
             .field("defer", &self.defer)
+            .field("floor", &self.floor)
             .finish()
     }
 }
@@ -176,6 +190,8 @@ struct Laws {
     /// With the CPU signal: trials of the faster codec between the CPU
     /// law's thresholds (`super::trial`).
     trial: Option<Trial>,
+    /// Whether the raw rung may be taken (`super::burst`).
+    room: RawRoom,
 }
 
 /// The adaptive codec of a volume: the ladder under the policy's target
@@ -187,8 +203,13 @@ pub struct AdaptiveCodec {
     config: AdaptConfig,
     rungs: Vec<Algorithm>,
     state: Mutex<Laws>,
-    /// The last rung chosen (for writers that find the state busy) and why.
+    /// The last rung chosen (for writers that find the state busy) and why;
+    /// `rungs.len()` is the raw rung.
     rung: AtomicUsize,
+    /// The floor in force (`BurstFloor as u8`).
+    floor: AtomicU8,
+    /// The room rule was open at its last reading.
+    room_open: AtomicBool,
     why: AtomicU8,
     /// The last busy share read, f64 bits (NaN: none yet).
     busy: AtomicU64,
@@ -198,29 +219,38 @@ pub struct AdaptiveCodec {
 impl AdaptiveCodec {
     pub fn new(target: Algorithm, config: AdaptConfig) -> AdaptiveCodec {
         let rungs = ladder(target);
+        let floor = config.floor;
         let state = Mutex::new(Laws {
             backlog: LawState::new(config.law, rungs.len()),
             // Two rungs for the CPU law: the target and the ladder's
-            // fastest (see `HEADROOM_LAW`).
+            // fastest (see `HEADROOM_LAW`); the raw rung is added while
+            // it may be taken (`choose`).
             cpu: config
                 .cpu
                 .as_ref()
                 .map(|_| LawState::new(HEADROOM_LAW, rungs.len().min(2))),
             trial: (config.cpu.is_some() && rungs.len() > 1).then(|| Trial::new(TRIAL_DEFAULT)),
+            room: RawRoom::new(ROOM_DEFAULT),
         });
         AdaptiveCodec {
             config,
             rungs,
             state,
             rung: AtomicUsize::new(0),
+            floor: AtomicU8::new(floor as u8),
+            room_open: AtomicBool::new(true),
             why: AtomicU8::new(Why::Target as u8),
             busy: AtomicU64::new(f64::NAN.to_bits()),
             epoch: Instant::now(),
         }
     }
 
+    /// The configuration, with the floor in force now.
     pub fn config(&self) -> AdaptConfig {
-        self.config.clone()
+        AdaptConfig {
+            floor: self.floor(),
+            ..self.config.clone()
+        }
     }
 
     pub fn law(&self) -> Law {
@@ -233,7 +263,42 @@ impl AdaptiveCodec {
 
     /// The rung the last batch got.
     pub fn current(&self) -> Algorithm {
-        self.rungs[self.rung.load(Ordering::Relaxed)]
+        self.algorithm_of(self.rung.load(Ordering::Relaxed))
+    }
+
+    fn algorithm_of(&self, rung: usize) -> Algorithm {
+        match self.rungs.get(rung) {
+            Some(&a) => a,
+            None => Algorithm::new(CodecId::None, 0),
+        }
+    }
+
+    /// The CPU law's lowest rung in force.
+    pub fn floor(&self) -> BurstFloor {
+        if self.floor.load(Ordering::Relaxed) == BurstFloor::Lz4 as u8 {
+            BurstFloor::Lz4
+        } else {
+            BurstFloor::Raw
+        }
+    }
+
+    /// Sets the CPU law's lowest rung for the batches to come (a volume at
+    /// raw with `Lz4` takes lz4 from its next batch on).
+    pub fn set_floor(&self, floor: BurstFloor) {
+        self.floor.store(floor as u8, Ordering::Relaxed);
+    }
+
+    /// True when this codec can store raw at all: a compressing target, a
+    /// CPU signal, and the raw floor.
+    pub fn has_raw_rung(&self) -> bool {
+        self.config.cpu.is_some()
+            && self.rungs[0].codec != CodecId::None
+            && self.floor() == BurstFloor::Raw
+    }
+
+    /// The room rule's state at its last reading (true before any).
+    pub fn raw_room_open(&self) -> bool {
+        self.room_open.load(Ordering::Relaxed)
     }
 
     /// Why the last batch got its rung.
@@ -255,9 +320,16 @@ impl AdaptiveCodec {
     }
 
     /// The algorithm for the batch about to be submitted to `engine`, with
-    /// `written` client bytes written so far (the trials' measure). One
-    /// writer samples at a time; the others take the rung it chose.
-    pub fn choose(&self, engine: &dyn CompressEngine, written: u64) -> Algorithm {
+    /// `written` client bytes written so far (the trials' measure); `room`
+    /// reads the volume's room for the raw rung, called only while the
+    /// CPU law stands below the target. One writer samples at a time; the
+    /// others take the rung it chose.
+    pub fn choose(
+        &self,
+        engine: &dyn CompressEngine,
+        written: u64,
+        room: &dyn Fn() -> RoomReading,
+    ) -> Algorithm {
         if self.config.defer && self.rungs.len() > 1 {
             let last = self.rungs.len() - 1;
             self.rung.store(last, Ordering::Relaxed);
@@ -273,11 +345,34 @@ impl AdaptiveCodec {
                 if let Some(b) = reading {
                     self.busy.store(b.to_bits(), Ordering::Relaxed);
                 }
-                let Laws { cpu, trial, .. } = &mut *st;
-                let by_cpu = match (cpu.as_mut(), reading) {
-                    (Some(law), Some(b)) => law.sample(now, b),
-                    (Some(law), None) => law.rung(),
-                    _ => 0,
+                let raw_ok = self.has_raw_rung();
+                let Laws {
+                    cpu,
+                    trial,
+                    room: rule,
+                    ..
+                } = &mut *st;
+                // The CPU law's compressing rungs; the next is raw.
+                let compressing = self.rungs.len().min(2);
+                let by_cpu = match cpu.as_mut() {
+                    Some(law) => {
+                        // The raw rung is there while the floor is raw and
+                        // the room rule open; the room is read only once
+                        // the cores are busy already.
+                        let open = raw_ok
+                            && if law.rung() == 0 {
+                                rule.is_open()
+                            } else {
+                                rule.allows(room())
+                            };
+                        self.room_open.store(rule.is_open(), Ordering::Relaxed);
+                        law.set_rungs(now, compressing + usize::from(open));
+                        match reading {
+                            Some(b) => law.sample(now, b),
+                            None => law.rung(),
+                        }
+                    }
+                    None => 0,
                 };
                 let by_trial = match (trial.as_mut(), reading) {
                     // While the CPU law holds the fast rung, no window is
@@ -291,9 +386,14 @@ impl AdaptiveCodec {
                     _ => false,
                 };
                 // The CPU law's rung 1 and a trial's fast rung are the
-                // ladder's last.
+                // ladder's last; its rung after the compressing ones is
+                // raw (`rungs.len()`).
                 let last = self.rungs.len() - 1;
-                let by_cpu = if by_cpu > 0 { last } else { 0 };
+                let by_cpu = match by_cpu {
+                    0 => 0,
+                    r if r >= compressing => self.rungs.len(),
+                    _ => last,
+                };
                 let by_trial = if by_trial { last } else { 0 };
                 let r = by_backlog.max(by_cpu).max(by_trial);
                 let why = if r == 0 {
@@ -311,7 +411,7 @@ impl AdaptiveCodec {
             }
             None => self.rung.load(Ordering::Relaxed),
         };
-        self.rungs[rung]
+        self.algorithm_of(rung)
     }
 }
 
@@ -369,14 +469,17 @@ mod tests {
                 law: LAW_DEFAULT,
                 cpu: Some(src.clone()),
                 defer: false,
+                floor: BurstFloor::Raw,
             },
         );
+        // A full volume: no room for the raw rung.
+        let full = || RoomReading::default();
         assert_eq!(a.current(), alg("zstd:3"));
         assert_eq!(a.why(), Why::Target);
         let t = Instant::now();
         // Straight from the target to the ladder's fastest: zstd:1 never.
         loop {
-            let got = a.choose(&idle_engine, 0);
+            let got = a.choose(&idle_engine, 0, &full);
             if got == alg("lz4") {
                 break;
             }
@@ -388,13 +491,86 @@ mod tests {
         assert_eq!(a.cpu_busy(), Some(0.99));
         // No reading: the rung holds.
         *src.0.lock() = None;
-        assert_eq!(a.choose(&idle_engine, 0), alg("lz4"));
+        assert_eq!(a.choose(&idle_engine, 0, &full), alg("lz4"));
+        assert!(!a.raw_room_open());
         // Without a CPU source only the backlog counts: an idle engine
         // gets the target, and nothing is read.
         let b = AdaptiveCodec::new(alg("zstd:3"), AdaptConfig::backlog(LAW_DEFAULT));
-        assert_eq!(b.choose(&idle_engine, 0), alg("zstd:3"));
+        assert_eq!(b.choose(&idle_engine, 0, &full), alg("zstd:3"));
         assert_eq!(b.cpu_busy(), None);
         assert_eq!(b.why(), Why::Target);
+    }
+
+    /// Calls `choose` every 10 ms until it returns `want` (at most 10 s).
+    fn until(a: &AdaptiveCodec, room: &dyn Fn() -> RoomReading, want: Algorithm) {
+        let idle_engine = squeeze_codec::CpuPool::new(1);
+        let t = Instant::now();
+        while a.choose(&idle_engine, 0, room) != want {
+            assert!(t.elapsed().as_secs() < 10, "never reached {want}");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn saturated_cores_with_room_store_raw_below_lz4() {
+        let src = Arc::new(Fixed(Mutex::new(Some(0.99))));
+        let config = AdaptConfig {
+            cpu: Some(src.clone()),
+            ..AdaptConfig::backlog(LAW_DEFAULT)
+        };
+        let a = AdaptiveCodec::new(alg("zstd:3"), config.clone());
+        assert!(a.has_raw_rung());
+        let room = Mutex::new(RoomReading {
+            free_bytes: 1 << 30,
+            pending_raw_bytes: 0,
+        });
+        let read = || *room.lock();
+        // The target, lz4, then raw: zstd:1 never, lz4 on the way.
+        until(&a, &read, alg("lz4"));
+        until(&a, &read, alg("none"));
+        assert_eq!(a.why(), Why::Cpu);
+        assert_eq!(a.current(), alg("none"));
+        // The burst takes its quarter: lz4 from the next batch, and it
+        // stays lz4 while the pending bytes are above half the allowance.
+        *room.lock() = RoomReading {
+            free_bytes: 768 << 20,
+            pending_raw_bytes: 256 << 20,
+        };
+        let idle_engine = squeeze_codec::CpuPool::new(1);
+        assert_eq!(a.choose(&idle_engine, 0, &read), alg("lz4"));
+        assert!(!a.raw_room_open());
+        *room.lock() = RoomReading {
+            free_bytes: 800 << 20,
+            pending_raw_bytes: 200 << 20,
+        };
+        for _ in 0..20 {
+            assert_eq!(a.choose(&idle_engine, 0, &read), alg("lz4"));
+        }
+        // The upgrade brought the pending bytes down: raw again.
+        *room.lock() = RoomReading {
+            free_bytes: 900 << 20,
+            pending_raw_bytes: 100 << 20,
+        };
+        until(&a, &read, alg("none"));
+        // The old floor, set while at raw: lz4 from the next batch on,
+        // whatever the room.
+        a.set_floor(BurstFloor::Lz4);
+        assert!(!a.has_raw_rung());
+        for _ in 0..20 {
+            assert_eq!(a.choose(&idle_engine, 0, &read), alg("lz4"));
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // An lz4 target's raw rung is right under it.
+        let b = AdaptiveCodec::new(alg("lz4"), config.clone());
+        until(&b, &read, alg("none"));
+        // And a target of none has none under it.
+        let c = AdaptiveCodec::new(alg("none"), config);
+        assert!(!c.has_raw_rung());
+        for _ in 0..30 {
+            assert_eq!(c.choose(&idle_engine, 0, &read), alg("none"));
+            assert_eq!(c.why(), Why::Target);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     #[test]
@@ -408,10 +584,11 @@ mod tests {
                 law: LAW_DEFAULT,
                 cpu: Some(src),
                 defer: true,
+                floor: BurstFloor::Raw,
             },
         );
         for _ in 0..3 {
-            assert_eq!(a.choose(&idle_engine, 0), alg("lz4"));
+            assert_eq!(a.choose(&idle_engine, 0, &RoomReading::default), alg("lz4"));
             assert_eq!(a.why(), Why::Deferred);
             assert_eq!(a.current(), alg("lz4"));
         }
@@ -423,7 +600,7 @@ mod tests {
                 ..AdaptConfig::backlog(LAW_DEFAULT)
             },
         );
-        assert_eq!(b.choose(&idle_engine, 0), alg("lz4"));
+        assert_eq!(b.choose(&idle_engine, 0, &RoomReading::default), alg("lz4"));
         assert_eq!(b.why(), Why::Target);
     }
 }

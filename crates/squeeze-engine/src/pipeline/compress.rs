@@ -19,6 +19,9 @@ pub enum Outcome {
     Rejected,
     /// The heuristic judged it hopeless: stored raw, no codec time spent.
     Skipped,
+    /// The ladder's raw rung (the cores saturated, room to hold it,
+    /// `pipeline::burst`): stored raw, for the idle upgrade to compress.
+    Deferred,
 }
 
 #[derive(Debug)]
@@ -202,10 +205,15 @@ pub fn encode(
         // The bottom rung: what the target would have compressed goes raw.
         for &i in &job_items {
             if let Item::Blob {
-                below_target: b, ..
+                below_target: b,
+                outcome,
+                ..
             } = &mut items[i]
             {
                 *b = below_target;
+                if below_target {
+                    *outcome = Outcome::Deferred;
+                }
             }
         }
         (items, 0)

@@ -52,7 +52,10 @@ pub const LAW_DEFAULT: Law = Law {
 
 /// The law on the machine's CPU busy share ([`super::headroom`]), read
 /// over windows of at least 100 ms. It has two rungs, the target and the
-/// ladder's fastest (lz4): when the cores are short, the level between
+/// ladder's fastest (lz4), and a third below them, storing raw, while the
+/// floor is raw and the volume has room for it ([`super::burst`]; the
+/// same thresholds and holds take it from lz4 to raw: on the W3 tar the
+/// cores stay saturated at lz4). When the cores are short, the level between
 /// saves too little (zstd:1 costs about three quarters of zstd:3's CPU on
 /// the W3 tar, lz4 half; in W1 at zstd:1 the cores stayed busy and a
 /// three-rung law never reached lz4). Down once the share, smoothed with
@@ -132,6 +135,33 @@ impl LawState {
     /// The current up-hold.
     pub fn up_hold_ns(&self) -> u64 {
         self.up_hold_ns
+    }
+
+    /// The number of rungs the law may use now: the CPU law's raw rung
+    /// comes and goes with the floor setting and the volume's room
+    /// ([`super::burst`]). Fewer rungs than the law stands on is a step
+    /// up to the new last one (at `now_ns`); more is a new rung below,
+    /// reached as any other (a whole down-hold from the current one).
+    pub fn set_rungs(&mut self, now_ns: u64, rungs: usize) {
+        assert!(rungs >= 1);
+        if rungs > self.rungs {
+            // A hold under way counts from now for the new rung.
+            if let Some((since, from)) = self.high_since.as_mut() {
+                *since = now_ns;
+                *from = self.load.unwrap_or(*from);
+            }
+        }
+        self.rungs = rungs;
+        if self.rung >= rungs {
+            // Not a probe: the rung below went away, the load did not drop.
+            self.last_up = false;
+            self.step(now_ns, rungs - 1);
+        }
+    }
+
+    /// The number of rungs the law uses now.
+    pub fn rungs(&self) -> usize {
+        self.rungs
     }
 
     /// Feeds one sample (`backlog` raw bytes per worker at `now_ns`, which
@@ -387,6 +417,82 @@ mod tests {
         assert_eq!(st.up_hold_ns(), HEADROOM_LAW.up_hold_max_ns);
         // The way there (1 + log2(10)) and then a probe per 10 s.
         assert!(st.changes() <= 2 * 5 + 2 * 12, "{}", st.changes());
+    }
+
+    /// The CPU law with the raw rung: the target, lz4, raw.
+    const TARGET: usize = 0;
+    const LZ4: usize = 1;
+    const RAW: usize = 2;
+
+    #[test]
+    fn saturated_at_lz4_steps_down_to_raw_and_stays() {
+        // The W3 burst: cores saturated at the target and at lz4, and
+        // still at raw (the client takes what raw frees).
+        let mut st = LawState::new(HEADROOM_LAW, 3);
+        let per_rung = run_cpu(&mut st, 0, 200, &[0.99, 0.99, 0.97]);
+        assert_eq!(per_rung[RAW], 0, "not before two down-holds");
+        let per_rung = run_cpu(&mut st, 200, 600, &[0.99, 0.99, 0.97]);
+        assert_eq!(st.rung(), RAW, "{per_rung:?}");
+        assert_eq!(st.changes(), 2);
+        // A minute more of the burst: raw throughout, no probe of lz4 (the
+        // cores never go below the up threshold).
+        let per_rung = run_cpu(&mut st, 800, 60_000, &[0.99, 0.99, 0.97]);
+        assert_eq!(per_rung[RAW], 600);
+        assert_eq!(st.changes(), 2);
+        // The burst ends: back to the target at the first reading after a
+        // quiet spell of two up-holds.
+        assert_eq!(
+            st.sample(60_800 * MS + 2 * HEADROOM_LAW.up_hold_min_ns, 0.05),
+            TARGET
+        );
+    }
+
+    #[test]
+    fn a_writer_lz4_satisfies_never_stores_raw() {
+        // Saturated at the target, 85% busy at lz4: the law stays at lz4
+        // (between the thresholds) and the raw rung is never taken.
+        let mut st = LawState::new(HEADROOM_LAW, 3);
+        let per_rung = run_cpu(&mut st, 0, 120_000, &[0.99, 0.85, 0.5]);
+        assert_eq!(per_rung[RAW], 0, "{per_rung:?}");
+        assert!(per_rung[LZ4] >= 1195, "{per_rung:?}");
+        assert_eq!(st.changes(), 1);
+    }
+
+    #[test]
+    fn a_rate_raw_satisfies_probes_lz4_rarely() {
+        // Saturated at lz4, 60% busy at raw: each probe of lz4 saturates
+        // the cores again; probes come at most once per up-hold, which
+        // doubles up to 10 s, and never up to the target in one step.
+        let mut st = LawState::new(HEADROOM_LAW, 3);
+        let per_rung = run_cpu(&mut st, 0, 120_000, &[0.99, 0.99, 0.6]);
+        let total: u64 = per_rung.iter().sum();
+        assert!(per_rung[RAW] as f64 > 0.9 * total as f64, "{per_rung:?}");
+        assert!(per_rung[TARGET] <= 2, "{per_rung:?}");
+        assert_eq!(st.up_hold_ns(), HEADROOM_LAW.up_hold_max_ns);
+        assert!(st.changes() <= 2 + 2 * 5 + 2 * 12, "{}", st.changes());
+    }
+
+    #[test]
+    fn the_raw_rung_going_away_is_one_step_to_lz4() {
+        // At raw when the room runs out (or the floor is set to lz4): lz4
+        // at once, and the saturated cores cannot take the law below it.
+        let mut st = LawState::new(HEADROOM_LAW, 3);
+        run_cpu(&mut st, 0, 1_000, &[0.99; 3]);
+        assert_eq!(st.rung(), RAW);
+        st.set_rungs(1_000 * MS, 2);
+        assert_eq!(st.rung(), LZ4);
+        assert_eq!(st.changes(), 3);
+        let per_rung = run_cpu(&mut st, 1_000, 60_000, &[0.99; 2]);
+        assert_eq!(per_rung, vec![0, 600]);
+        assert_eq!(st.changes(), 3, "no probe of the target while saturated");
+        // The room comes back: raw after a whole down-hold at lz4.
+        st.set_rungs(61_000 * MS, 3);
+        assert_eq!(st.rung(), LZ4);
+        assert_eq!(st.sample(61_100 * MS, 0.99), LZ4);
+        assert_eq!(st.sample(61_200 * MS, 0.99), RAW);
+        // Fewer rungs than the law stands on never goes below rung 0.
+        st.set_rungs(61_400 * MS, 1);
+        assert_eq!(st.rung(), TARGET);
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //! [`split`] (sectors -> zero runs and blobs) -> [`policy`] (mode, hints,
 //! required ratio; [`adapt`]: the rung of the codec ladder under load,
 //! from the engine's backlog and [`headroom`], the machine's busy CPU, each
-//! through a [`law`]) ->
+//! through a [`law`], down to storing raw while [`burst`]'s room rule
+//! allows) ->
 //! [`compress`] (batch through the compression engine).
 //! The volume then appends the encoded blobs to the log.
 
 pub mod adapt;
+pub mod burst;
 pub mod compress;
 pub mod headroom;
 pub mod law;

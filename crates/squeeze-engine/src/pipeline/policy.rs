@@ -16,6 +16,7 @@
 //! stored raw and counted as rejected.
 
 use super::adapt::{AdaptConfig, AdaptiveCodec};
+use super::burst::RoomReading;
 use squeeze_codec::{Algorithm, CompressEngine};
 use squeeze_format::{CompressionMode, Policy, RECORD_ALIGN, RECORD_HEADER_SIZE};
 use std::sync::Arc;
@@ -62,10 +63,17 @@ impl ActivePolicy {
     }
 
     /// The algorithm for a client write batch about to go to `engine`: the
-    /// target, or a faster rung of the ladder when the engine is behind.
-    pub fn write_algorithm(&self, engine: &dyn CompressEngine, written: u64) -> Algorithm {
+    /// target, or a faster rung of the ladder when the engine is behind or
+    /// the cores busy (none, stored raw, while `room` allows:
+    /// [`super::burst`]).
+    pub fn write_algorithm(
+        &self,
+        engine: &dyn CompressEngine,
+        written: u64,
+        room: &dyn Fn() -> RoomReading,
+    ) -> Algorithm {
         match &self.adapt {
-            Some(a) => a.choose(engine, written),
+            Some(a) => a.choose(engine, written, room),
             None => self.algorithm,
         }
     }

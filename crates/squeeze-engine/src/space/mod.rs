@@ -12,6 +12,10 @@
 //!   checkpoint piece carries these notes (format 3), and replay notes the
 //!   records it applies that are below the target, so a reopened volume
 //!   still knows what to upgrade.
+//! - burst_raw of a segment = the part of below_target the ladder's raw
+//!   rung stored raw (`pipeline::burst`), cleared with it; kept in memory
+//!   only (a reopened volume counts it 0: its below_target note still
+//!   sends the upgrade there). `burst_raw_total` is their sum.
 //! - A segment is reused only after a durable checkpoint no longer needs it:
 //!   it held no live sector in that checkpoint's snapshot and every record in
 //!   it precedes the checkpoint's replay position (so neither the checkpoint
@@ -153,6 +157,9 @@ pub struct Usage {
     pub live_bytes: u64,
     /// Raw bytes written below the target per segment (see the module).
     below_target: Vec<u64>,
+    /// Of those, bytes stored raw by the raw rung, and their sum.
+    burst_raw: Vec<u64>,
+    burst_raw_total: u64,
 }
 
 impl Usage {
@@ -193,9 +200,7 @@ impl Usage {
         u.live_sectors -= u64::from(n);
         self.live_bytes -= bytes;
         if u.live_sectors == 0 {
-            if let Some(b) = self.below_target.get_mut(s as usize) {
-                *b = 0;
-            }
+            self.clear_below_target(s);
         }
     }
 
@@ -206,9 +211,7 @@ impl Usage {
         u.live_sectors -= 1;
         self.live_bytes -= e.stored_share();
         if u.live_sectors == 0 {
-            if let Some(b) = self.below_target.get_mut(s as usize) {
-                *b = 0;
-            }
+            self.clear_below_target(s);
         }
     }
 
@@ -223,10 +226,40 @@ impl Usage {
 
     /// Forgets the below-target bytes of `s` (the upgrade rewrote what it
     /// could of it).
-    pub fn clear_below_target(&mut self, s: SegmentId) {
+    /// Returns the bytes of them the raw rung had stored raw.
+    pub fn clear_below_target(&mut self, s: SegmentId) -> u64 {
         if let Some(b) = self.below_target.get_mut(s as usize) {
             *b = 0;
         }
+        match self.burst_raw.get_mut(s as usize) {
+            Some(b) => {
+                let was = std::mem::take(b);
+                self.burst_raw_total -= was;
+                was
+            }
+            None => 0,
+        }
+    }
+
+    /// `raw` bytes of a blob just mapped into `s` were stored raw by the
+    /// ladder's raw rung (also noted below the target).
+    pub fn note_burst_raw(&mut self, s: SegmentId, raw: u64) {
+        if self.burst_raw.len() <= s as usize {
+            self.burst_raw.resize(s as usize + 1, 0);
+        }
+        self.burst_raw[s as usize] += raw;
+        self.burst_raw_total += raw;
+    }
+
+    /// Bytes of `s` the raw rung stored raw (see the module).
+    pub fn burst_raw(&self, s: SegmentId) -> u64 {
+        self.burst_raw.get(s as usize).copied().unwrap_or(0)
+    }
+
+    /// Bytes the raw rung stored raw that the upgrade has still to rewrite
+    /// (an upper bound, as below_target's).
+    pub fn burst_raw_total(&self) -> u64 {
+        self.burst_raw_total
     }
 
     /// Raw bytes written below the target into `s` (an upper bound of what

@@ -2,7 +2,8 @@
 //! write path's fast codec, `pipeline::adapt`) and the compaction behind
 //! `squeeze compact`: both rewrite whole segments through relocation
 //! (`space::relocate`) under the cleaner's lock, then clear the segment's
-//! note of bytes below the target.
+//! note of bytes below the target (and counts what of it the ladder's raw
+//! rung had stored raw: `Counter::BurstRawUpgradedBytes`).
 
 use crate::counters::Counter;
 use crate::error::{EngineError, Result};
@@ -18,6 +19,8 @@ use crate::state::Inner;
 /// whatever came of it: a segment is tried once, and what stays in it (a
 /// corrupt record, no room) is not retried.
 fn upgrade_segment(inner: &Inner, s: SegmentId, all: bool) -> Result<CleanReport> {
+    // Read first: the relocation empties the segment, which drops its notes.
+    let burst = inner.state.read().usage.burst_raw(s);
     let r = rewrite_segment(
         inner,
         s,
@@ -27,6 +30,9 @@ fn upgrade_segment(inner: &Inner, s: SegmentId, all: bool) -> Result<CleanReport
         },
     );
     inner.state.write().usage.clear_below_target(s);
+    if r.is_ok() {
+        inner.counters.add(Counter::BurstRawUpgradedBytes, burst);
+    }
     r
 }
 
@@ -122,6 +128,7 @@ pub(crate) fn compact(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Resu
         // The head keeps what is at the target; a sealed one is rewritten
         // whole (and freed).
         let keep_others = s == inner.log.lock().head_segment;
+        let burst = inner.state.read().usage.burst_raw(s);
         let mode = Rewrite::Upgrade {
             all: false,
             keep_others,
@@ -135,6 +142,7 @@ pub(crate) fn compact(inner: &Inner, mut progress: impl FnMut(u64, u64)) -> Resu
                 if st.usage.below_target(s) == below {
                     st.usage.clear_below_target(s);
                 }
+                inner.counters.add(Counter::BurstRawUpgradedBytes, burst);
                 if r.records_moved > 0 {
                     rep.add(&r);
                 }
