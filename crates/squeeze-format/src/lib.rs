@@ -14,6 +14,7 @@ mod le;
 pub mod map_entry;
 pub mod piece_decoder;
 pub mod record;
+pub mod record_scan;
 pub mod superblock;
 
 pub use checkpoint::{
@@ -24,7 +25,8 @@ pub use flush_mark::FlushMark;
 pub use layout::*;
 pub use map_entry::MapEntry;
 pub use piece_decoder::{PieceDecoder, PieceHead};
-pub use record::{HeaderForm, RecordHeader, RecordKind, RecordScan, ScannedRecord, Stride};
+pub use record::{HeaderForm, RecordHeader, RecordKind};
+pub use record_scan::{RecordScan, ScannedRecord, Stride};
 pub use superblock::{
     CheckpointRef, CompressionMode, Policy, Superblock, CHUNKED_VERSION, FORMAT_VERSION,
     SHORT_HEADER_VERSION,
