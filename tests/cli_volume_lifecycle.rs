@@ -126,7 +126,9 @@ fn create_import_export_check() {
     while off + 64 < bytes.len() {
         if let Ok(h) = squeeze_format::RecordHeader::decode(&bytes[off..off + 64], &uuid) {
             if h.kind == squeeze_format::RecordKind::Extent && h.lba == 0 {
-                target = Some(off + h.header_len() + h.stored_len as usize / 2);
+                // A byte of the first chunk (format 5: the payload starts
+                // with the chunk table), so LBA 0 is among the damaged.
+                target = Some(off + h.header_len() + h.table_len() + 10);
                 break;
             }
         }

@@ -108,16 +108,29 @@ pub fn check(vol: &Volume, mut progress: impl FnMut(u64, u64)) -> CheckReport {
                     note_damage(&mut report.damaged, lba, 1, err.to_string());
                 } else {
                     // Sector by sector: a chunked record (format 5) loses
-                    // only the sectors of its damaged chunks.
+                    // only the sectors of its damaged chunks. Each run of
+                    // failing sectors is one entry, named by its first
+                    // sector's error, as a whole run's failure is.
+                    let mut failing = false;
                     for k in 0..n {
                         let res = {
                             let _gate = inner.gate.read();
                             let ek = entries[i + k].1;
                             read_extent(inner, ek, lba + k as u64, &mut out[..SECTOR_SIZE], true)
                         };
-                        if let Err(err) = res {
-                            note_damage(&mut report.damaged, lba + k as u64, 1, err.to_string());
+                        let failed = res.is_err();
+                        match res {
+                            Err(_) if failing => {
+                                if let Some(d) = report.damaged.last_mut() {
+                                    d.sectors += 1;
+                                }
+                            }
+                            Err(err) => {
+                                note_damage(&mut report.damaged, lba + k as u64, 1, err.to_string())
+                            }
+                            Ok(()) => {}
                         }
+                        failing = failed;
                     }
                 }
             }

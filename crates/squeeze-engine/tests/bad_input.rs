@@ -103,7 +103,9 @@ fn flipped_bits_fail_only_the_affected_reads_and_check_names_them() {
     v.write(0, &d, true).unwrap();
     let uuid = v.uuid();
     v.close().unwrap();
-    // Damage the payload of the record holding LBA 32 (sectors 32..48 with 64K blobs).
+    // Damage the payload of the record holding LBA 32 (sectors 32..48 with
+    // 64K blobs, two 32K chunks behind a 16-byte table): byte 100 of it is
+    // in the first chunk, sectors 32..40.
     let off = find_record(&s, uuid, 32);
     s.flip_bit(off + 64 + 100, 3);
     let v = open(&s).unwrap();
@@ -116,12 +118,17 @@ fn flipped_bits_fail_only_the_affected_reads_and_check_names_them() {
     assert_eq!(&b[..], &d[..4096]);
     v.read(48 * 4096, &mut b).unwrap();
     assert_eq!(&b[..], &d[48 * 4096..49 * 4096]);
+    // So is the record's other chunk (format 5).
+    v.read(40 * 4096, &mut b).unwrap();
+    assert_eq!(&b[..], &d[40 * 4096..41 * 4096]);
     let rep = check(&v, |_, _| {});
     assert!(!rep.is_clean());
     assert_eq!(rep.damaged.len(), 1, "{:?}", rep.damaged);
     assert_eq!(rep.damaged[0].first_lba, 32);
-    assert_eq!(rep.damaged[0].sectors, 16);
-    assert_eq!(v.stats().checksum_errors, 2);
+    assert_eq!(rep.damaged[0].sectors, 8);
+    // The read of LBA 32, check's read of the record's run, then its
+    // eight sectors one by one.
+    assert_eq!(v.stats().checksum_errors, 10);
     // A read across the whole write fetches the adjacent records in one
     // span; the damaged one still fails it, named by its first LBA.
     let mut all = vec![0u8; d.len()];
