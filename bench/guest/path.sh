@@ -228,6 +228,17 @@ for ((rep = 1; rep <= REPS; rep++)); do
     fi
     say "$path: $DEV up"
     for name in $JOBS; do job "$path" "$name"; done
+    # Where the server's CPU went over the path's jobs: its threads' utime+stime by name.
+    if [[ -n $SERVER_PID ]]; then
+      for t in /proc/"$SERVER_PID"/task/*/stat; do
+        read -r st <"$t"
+        comm=${st#*(}
+        comm=${comm%)*}
+        read -r -a f <<<"${st##*) }"
+        echo "$((f[11] + f[12])) ${comm// /_}"
+      done | awk '{ sub(/[-_]?[0-9]+$/, "", $2); n[$2] += $1 } END { for (k in n) print n[k], k }' |
+        sort -rn >"$OUT/$rep-$path.threads.txt"
+    fi
     teardown
   done
 done
