@@ -6,6 +6,8 @@
 #   ublk    /dev/ublkb0 (`squeeze serve --ublk`)
 #   nbd     /dev/nbd0 (the kernel's nbd client, `nbd-client -unix SOCK -C 2`)
 #   fuse    a loop device (direct I/O) on the FUSE export (`squeeze serve --fuse-dir`)
+# (and, named in PATHS, fuse-buffered: the FUSE export with the backing file written through the
+# page cache, as the ublk server always writes it: the front end's cost apart from that mode's)
 # with every volume --mode none (the path's cost, not compression's), and fio (libaio, O_DIRECT,
 # QD32): 128 KiB sequential write and read, 4 KiB random write and read.
 #
@@ -103,12 +105,14 @@ for job in jobs:
             continue
         print(f"| {job} | {path} | {med([r['MB/s'] for r in rs]):.1f} | {med([r['IOPS'] for r in rs]):.0f} | "
               f"{med([r['guest_cpu_s_per_gib'] for r in rs]):.1f} | {med([r['server_cpu_s_per_gib'] for r in rs]):.1f} |")
-if "ublk" in paths and "fuse" in paths:
+for ref in ("fuse", "fuse-buffered"):
+    if "ublk" not in paths or ref not in paths:
+        continue
     print()
-    print("| job | ublk/fuse guest CPU per GiB | ublk/fuse server CPU per GiB | ublk/fuse MB/s | target (guest CPU <= 0.5) |")
+    print(f"| job | ublk/{ref} guest CPU per GiB | ublk/{ref} server CPU per GiB | ublk/{ref} MB/s | target (guest CPU <= 0.5) |")
     print("|---|---:|---:|---:|---|")
     for job in jobs:
-        u, f = by.get((job, "ublk")), by.get((job, "fuse"))
+        u, f = by.get((job, "ublk")), by.get((job, ref))
         if not u or not f:
             continue
         g = med([r["guest_cpu_s_per_gib"] for r in u]) / med([r["guest_cpu_s_per_gib"] for r in f])

@@ -8,6 +8,8 @@
 #   ublk    /dev/ublkb0 from `squeeze serve --ublk`: no NBD client, no loop device
 #   nbd     /dev/nbd0 from the kernel's nbd client (`nbd-client -unix SOCK /dev/nbd0 -C 2`)
 #   fuse    a loop device (direct I/O) on squeeze's FUSE export (`squeeze serve --fuse-dir`)
+#   fuse-buffered  the same with the server's backing file written through the page cache
+#           (SQUEEZE_IO=buffered), as `serve --ublk` always writes it: not in the default PATHS
 # Every squeeze volume is made with --mode none, so that compression does not hide the path.
 # fio jobs (libaio, O_DIRECT, QD32): 128 KiB sequential write of SIZE (once, whole), then for
 # RUNTIME seconds each a 128 KiB sequential read, 4 KiB random writes and 4 KiB random reads
@@ -53,7 +55,7 @@ err() {
 serve() {
   local log=$1 ready=$2 _
   shift 2
-  "$BIN" serve "$@" >"$log" 2>&1 &
+  SQUEEZE_IO=${SERVE_IO:-direct} "$BIN" serve "$@" >"$log" 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 600); do
     if [[ $ready == log:* ]]; then
@@ -111,9 +113,14 @@ setup() {
       nbd-client -unix "$W/nbd.sock" /dev/nbd0 -N vol -C 2 -b 4096 -t 120 >"$OUT/$rep-nbd.client.log" 2>&1 || return 1
       DEV=/dev/nbd0
       ;;
-    fuse)
-      serve "$OUT/$rep-fuse.serve.log" "$W/fuse/vol" \
+    fuse | fuse-buffered)
+      # fuse-buffered: the server writes its backing file through the page cache, as a ublk
+      # server always does (docs/ARCHITECTURE.md, "ublk"): the FUSE export with ublk's I/O mode.
+      SERVE_IO=direct
+      [[ $path == fuse ]] || SERVE_IO=buffered
+      serve "$OUT/$rep-$path.serve.log" "$W/fuse/vol" \
         --socket "$W/nbd.sock" --fuse-dir "$W/fuse" "$W/vol.sqz" || return 1
+      SERVE_IO=
       LOOP=$(losetup -f --show --direct-io=on "$W/fuse/vol") || return 1
       DEV=$LOOP
       ;;
