@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
 # bench/blockdev_path.sh — which way to a kernel block device on a squeeze volume is fastest
-# where the kernel has no nbd module (issue 18): a loop device on
-#   fuse      the server's own FUSE export (`squeeze serve --fuse-dir DIR`, a loop device on
-#             DIR/vol: one hop from the engine)
-#   nbdfuse   libnbd's nbdfuse on the server's NBD socket (a second process, an NBD round trip)
-#   plain     a sparse file on the same disk (no compression: the ceiling)
-# and fio on each loop device (libaio, O_DIRECT): 128 KiB sequential writes then reads at QD32,
+# (issues 18 and 35). The paths (PATHS, any of):
+#   ublk      /dev/ublkbN from `squeeze serve --ublk` (needs the kernel's ublk_drv module)
+#   nbd       /dev/nbdN from the kernel's nbd client, `nbd-client -unix SOCK /dev/nbdN -C CORES`
+#             (needs the kernel's nbd module and nbd-client)
+#   fuse      a loop device on the server's own FUSE export (`squeeze serve --fuse-dir DIR`, a
+#             loop device on DIR/vol: one hop from the engine)
+#   nbdfuse   a loop device on libnbd's nbdfuse on the server's NBD socket (a second process,
+#             an NBD round trip)
+#   plain     a loop device on a sparse file on the same disk (no compression: the ceiling)
+# and fio on each device (libaio, O_DIRECT): 128 KiB sequential writes then reads at QD32,
 # 4 KiB random writes at QD32, W1's data (60% compressible per 4 KiB, refilled per I/O).
+# The default PATHS, "fuse nbdfuse plain", runs where the kernel has neither module (this
+# project's machine); where it has them, PATHS="ublk nbd fuse plain" compares the four. A path
+# whose module is missing stops the run with a message saying so. In the test guest (a kernel
+# with both modules, under emulation) bench/guest_path.sh runs the same comparison.
 #
 #   sudo bench/blockdev_path.sh                     # SIZE=2g, RUNTIME=20, REPS=1
 #   PATHS="fuse nbdfuse" REPS=3 sudo bench/blockdev_path.sh
+#   PATHS="ublk nbd fuse plain" sudo bench/blockdev_path.sh   # a host with ublk_drv and nbd
 #
 # Per path and job: MB/s (IOPS for 4 KiB), and CPU seconds per GiB written, whole machine
 # (/proc/stat busy time) and the server's processes (squeeze serve, plus nbdfuse on that path,
 # from /proc/PID/stat). One table row per path and job on stdout and in OUT/results.jsonl (table:
 # OUT/table.md); raw fio JSON and server logs under OUT. The volume, the plain file and the
 # mounts are in a scratch directory under SCRATCH_BASE, removed at exit.
-# The whole run holds the bench lock (bench/README.md). Needs root, fio, losetup, nbdfuse (for
-# that path), fusermount3.
+# The whole run holds the bench lock (bench/README.md). Needs root, fio, losetup, fusermount3,
+# and for their paths nbdfuse, nbd-client (Debian's nbd-client) and the modules.
 #
 # Env: PATHS ("fuse nbdfuse plain"), SIZE (2g), RUNTIME (20 s per job), REPS (1), OUT
 #      (results/blockdev_path-<time>), SCRATCH_BASE (/tmp), BENCH_LOCK (/tmp/bench.lock), BIN (a
@@ -39,15 +48,33 @@ for t in fio losetup flock python3 fusermount3; do
 done
 [[ " $PATHS " != *" nbdfuse "* ]] || command -v nbdfuse >/dev/null \
   || sq_die "missing nbdfuse (apt-get install nbdfuse), or leave it out of PATHS"
+if [[ " $PATHS " == *" ublk "* ]]; then
+  [[ -c /dev/ublk-control ]] || modprobe ublk_drv 2>/dev/null || true
+  [[ -c /dev/ublk-control ]] || sq_die "PATHS has ublk, but this kernel ($(uname -r)) has no ublk_drv" \
+    "module (modprobe ublk_drv failed; Linux 6.0 or later, CONFIG_BLK_DEV_UBLK): leave ublk out of" \
+    "PATHS, or run bench/guest_path.sh (the test guest has it)"
+fi
+if [[ " $PATHS " == *" nbd "* ]]; then
+  command -v nbd-client >/dev/null || sq_die "missing nbd-client (apt-get install nbd-client), or leave nbd out of PATHS"
+  [[ -b /dev/nbd0 ]] || modprobe nbd 2>/dev/null || true
+  [[ -b /dev/nbd0 ]] || sq_die "PATHS has nbd, but this kernel ($(uname -r)) has no nbd module" \
+    "(modprobe nbd failed, no /dev/nbd0): leave nbd out of PATHS, or run bench/guest_path.sh" \
+    "(the test guest has it)"
+fi
 sq_lock
 sq_bin
 SCR=$(mktemp -d "${SCRATCH_BASE:-/tmp}/squeeze-blockdev.XXXXXX")
 PIDS=()    # the server's processes, whose CPU counts: squeeze serve, and nbdfuse on that path
 NBDFUSE=""
-LOOP=""
+LOOP=""    # the loop device of the fuse, nbdfuse and plain paths
+NBD=""     # the nbd path's /dev/nbdN
+DEV=""     # the device fio runs on
 cleanup() {
   [[ -z $LOOP ]] || losetup -d "$LOOP" 2>/dev/null || true
   LOOP=""
+  [[ -z $NBD ]] || nbd-client -d "$NBD" >/dev/null 2>&1 || true
+  NBD=""
+  DEV=""
   sq_serve_stop srv
   [[ -z $NBDFUSE ]] || { kill "$NBDFUSE" 2>/dev/null || true; wait "$NBDFUSE" 2>/dev/null || true; }
   NBDFUSE=""
@@ -67,10 +94,39 @@ wait_for() { # wait_for FILE
   sq_die "$1 never appeared"
 }
 
-setup() { # setup PATH: start what the path needs; sets LOOP, SERVER_PIDS
-  local path=$1 file
+free_nbd() { # the first /dev/nbdN with no connection
+  local d
+  for d in /sys/block/nbd*; do
+    [[ -e $d/pid || $(cat "$d/size") != 0 ]] || { echo "/dev/${d##*/}"; return; }
+  done
+  sq_die "no free /dev/nbdN"
+}
+
+setup() { # setup PATH: start what the path needs; sets DEV (and LOOP or NBD), PIDS
+  local path=$1 file="" i
   rm -rf "$SCR"; mkdir -p "$SCR"
   case $path in
+    ublk)
+      # shellcheck disable=SC2086
+      sq_serve_start srv "$OUT/$path.server.log" -- \
+        --socket "$SCR/nbd.sock" --size 16G --ublk ${SQUEEZE_SERVE_ARGS:-} "$SCR/vol.sqz"
+      PIDS+=("$(sq_serve_pid srv)")
+      for ((i = 0; i < 100; i++)); do
+        DEV=$(sed -n 's/^ *block device: \(\/dev\/ublkb[0-9]*\) .*/\1/p' "$OUT/$path.server.log" | tail -n1)
+        [[ -z $DEV ]] || break
+        sleep 0.1
+      done
+      [[ -b $DEV ]] || sq_die "ublk: squeeze serve --ublk named no block device (log $OUT/$path.server.log)" ;;
+    nbd)
+      # shellcheck disable=SC2086
+      sq_serve_start srv "$OUT/$path.server.log" --ready "$SCR/nbd.sock" -- \
+        --socket "$SCR/nbd.sock" --size 16G ${SQUEEZE_SERVE_ARGS:-} "$SCR/vol.sqz"
+      PIDS+=("$(sq_serve_pid srv)")
+      NBD=$(free_nbd)
+      # One connection per core (the server offers multi-conn), ext4's 4 KiB blocks.
+      nbd-client -unix "$SCR/nbd.sock" "$NBD" -N vol -C "$(nproc)" -b 4096 -t 120 \
+        >"$OUT/$path.nbd-client.log" 2>&1 || sq_die "nbd-client failed: $(tail -n3 "$OUT/$path.nbd-client.log")"
+      DEV=$NBD ;;
     fuse)
       # shellcheck disable=SC2086
       sq_serve_start srv "$OUT/$path.server.log" --ready "$SCR/fuse/vol" -- \
@@ -91,11 +147,13 @@ setup() { # setup PATH: start what the path needs; sets LOOP, SERVER_PIDS
     plain)
       truncate -s 16G "$SCR/plain.img"
       file=$SCR/plain.img ;;
-    *) sq_die "unknown path $path" ;;
+    *) sq_die "unknown path $path (ublk, nbd, fuse, nbdfuse, plain)" ;;
   esac
+  [[ -n $file ]] || return 0
   # Direct I/O on the loop device (as bench/pg_fillfactor.sh does): no page cache between the
   # loop device and the file, so every path measures its own stack, not the host's memory.
   LOOP=$(losetup -f --show --direct-io=on "$file")
+  DEV=$LOOP
   [[ $(losetup -nl -O DIO "$LOOP" | tr -d " ") == 1 ]] || sq_log "$path: the loop device fell back to buffered I/O"
 }
 
@@ -108,11 +166,11 @@ proc_cpu() { # summed utime+stime ticks of the PIDs in PIDS
   echo "$t"
 }
 
-job() { # job PATH NAME RW BS: one fio job on $LOOP, one result line
+job() { # job PATH NAME RW BS: one fio job on $DEV, one result line
   local path=$1 name=$2 rw=$3 bs=$4 tag b0 b1 p0 p1
   tag=$OUT/r$rep-$path-$name
   b0=$(cpu_busy); p0=$(proc_cpu)
-  fio --name="$name" --filename="$LOOP" --rw="$rw" --bs="$bs" --iodepth=32 --ioengine=libaio \
+  fio --name="$name" --filename="$DEV" --rw="$rw" --bs="$bs" --iodepth=32 --ioengine=libaio \
     --direct=1 --size="$SIZE" --runtime="$RUNTIME" --time_based=0 --buffer_compress_percentage=60 \
     --buffer_compress_chunk=4k --refill_buffers --randrepeat=1 --output-format=json >"$tag.json" \
     2>"$tag.err" || sq_die "fio $name on $path failed: $(tail -n3 "$tag.err")"

@@ -30,8 +30,10 @@ SUITE=bookworm
 ARCH=amd64
 # Packages of the root, beyond minbase. squeeze's release binary links glibc,
 # libgcc_s and (built with ISA-L) libisal.so.2; run.sh checks its ldd against
-# the root's libraries before booting.
-GUEST_PACKAGES=nbd-client,fio,e2fsprogs,util-linux,kmod,procps,libisal2
+# the root's libraries before booting. fuse3 brings fusermount3 for the FUSE
+# export (serve --fuse-dir; the kernel has FUSE built in), which
+# bench/guest/path.sh measures. A change to this list rebuilds the root.
+GUEST_PACKAGES=nbd-client,fio,e2fsprogs,util-linux,kmod,procps,libisal2,fuse3
 # Modules the initramfs loads to reach the root and the 9p shares; the root
 # holds every module of the kernel (modprobe nbd, ublk_drv, loop, ... in tests).
 INITRD_MODULES="virtio_blk ext4 crc32c_generic 9pnet_virtio 9p"
