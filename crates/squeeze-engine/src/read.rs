@@ -36,9 +36,9 @@ const _: () = assert!(
 
 /// Reads the sectors `out` covers from the record `e` points at (the first
 /// of them is `lba`, at index `e.index()` of the record).
-/// With `stream`, through `Storage::read_stream`. A read of at most a
-/// quarter of a record reads its head first and, if it is chunked, only
-/// the chunks it needs.
+/// With `stream`, through `Storage::read_stream`. On a volume that chunks
+/// its blobs, a read of at most a quarter of a record reads its head first
+/// and, if it is chunked, only the chunks it needs.
 pub(crate) fn read_extent(
     inner: &Inner,
     e: MapEntry,
@@ -48,7 +48,14 @@ pub(crate) fn read_extent(
 ) -> Result<()> {
     READ_BUF.with_borrow_mut(|rec| {
         let len = e.record_len() as usize;
-        if !stream && len >= 2 * HEAD_READ && out.len() * 4 <= len {
+        // Only where new blobs are chunked: a volume of one frame a blob
+        // would pay a second read per record for nothing (its older
+        // chunked records, if any, still decode whole below).
+        if !stream
+            && len >= 2 * HEAD_READ
+            && out.len() * 4 <= len
+            && inner.policy.read().policy.read_chunk != 0
+        {
             rec.resize(HEAD_READ, 0);
             read_log(inner, rec, e.record_offset(), false)?;
             let h = check_header(inner, e, lba, rec)?;

@@ -118,20 +118,6 @@ fn an_unloaded_pool_writes_the_target() {
     v.close().unwrap();
 }
 
-/// The machine's busy share, as a test says it is, read at most every
-/// 50 ms as /proc/stat is.
-struct Busy(f64, parking_lot::Mutex<Option<std::time::Instant>>);
-impl squeeze_engine::pipeline::headroom::BusySource for Busy {
-    fn busy(&self) -> Option<f64> {
-        let mut last = self.1.lock();
-        if last.is_some_and(|t| t.elapsed() < squeeze_engine::pipeline::headroom::MIN_INTERVAL) {
-            return None;
-        }
-        *last = Some(std::time::Instant::now());
-        Some(self.0)
-    }
-}
-
 /// A volume on the default policy (zstd:3) and an idle two-thread pool
 /// whose adaptive codec also reads a CPU share of `busy`.
 fn cpu_volume(busy: f64) -> Volume {

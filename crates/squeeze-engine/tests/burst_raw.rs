@@ -17,20 +17,6 @@ use std::time::Instant;
 
 const MIB: usize = 1 << 20;
 
-/// The machine's busy share as the test says it is, read at most once per
-/// the CPU source's interval as /proc/stat is.
-struct Busy(f64, parking_lot::Mutex<Option<Instant>>);
-impl squeeze_engine::pipeline::headroom::BusySource for Busy {
-    fn busy(&self) -> Option<f64> {
-        let mut last = self.1.lock();
-        if last.is_some_and(|t| t.elapsed() < squeeze_engine::pipeline::headroom::MIN_INTERVAL) {
-            return None;
-        }
-        *last = Some(Instant::now());
-        Some(self.0)
-    }
-}
-
 /// A volume on the default policy (zstd:3), 4 MiB segments, `cap` bytes of
 /// --max-physical (0: none), an idle two-thread pool, cores `busy`.
 fn volume(busy: f64, cap: u64, floor: BurstFloor) -> Volume {

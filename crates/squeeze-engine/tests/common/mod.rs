@@ -96,3 +96,18 @@ pub fn write_until_error(
         assert!(at < limit, "never ran out of room");
     }
 }
+
+/// The machine's busy share as a test says it is, read at most once per
+/// the CPU source's interval as /proc/stat is.
+pub struct Busy(pub f64, pub parking_lot::Mutex<Option<std::time::Instant>>);
+
+impl squeeze_engine::pipeline::headroom::BusySource for Busy {
+    fn busy(&self) -> Option<f64> {
+        let mut last = self.1.lock();
+        if last.is_some_and(|t| t.elapsed() < squeeze_engine::pipeline::headroom::MIN_INTERVAL) {
+            return None;
+        }
+        *last = Some(std::time::Instant::now());
+        Some(self.0)
+    }
+}
