@@ -508,3 +508,54 @@ fn writes_a_chart_and_prints_text() {
         assert!(svg.contains(&format!(">{name}</text>")), "{name}");
     }
 }
+
+/// `--dedup` counts every 4 KiB block exactly: copies of one file, a
+/// file's tail padded as a volume stores it, zero blocks apart, and a
+/// sparse file's hole not read.
+#[test]
+fn dedup_counts_repeated_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = random(40 * 4096 + 100, 7);
+    std::fs::write(dir.path().join("a"), &a).unwrap();
+    std::fs::write(dir.path().join("a-copy"), &a).unwrap();
+    // The same blocks at another alignment inside a file are different
+    // sectors: only whole blocks at a file's 4 KiB boundaries repeat.
+    let mut shifted = vec![1u8; 2048];
+    shifted.extend_from_slice(&a[..8 * 4096]);
+    std::fs::write(dir.path().join("shifted"), &shifted).unwrap();
+    // Zeros, then a copy of a's first block behind a hole.
+    let f = std::fs::File::create(dir.path().join("sparse")).unwrap();
+    f.set_len(64 << 20).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&[0u8; 4096], 0).unwrap();
+    f.write_all_at(&a[..4096], 32 << 20).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+
+    let (ok, r, err) = scan(&[dir.path()], &["--dedup", "--sample-mib", "1"]);
+    assert!(ok, "{err}");
+    let d = &r["dedup"];
+    assert_eq!(d["block_size"], 4096);
+    assert_eq!(d["sample_rate"], 1.0);
+    // a: 41 blocks; its copy: 41; shifted: 9 (2048 + 32 KiB); sparse: the
+    // zero block and the copy of a's first block (the hole is not read,
+    // though a file system may allocate blocks around the written ones:
+    // count those from the report's zero blocks).
+    let zero = d["zero_blocks"].as_u64().unwrap();
+    assert!(zero >= 1, "{d:#}");
+    assert_eq!(d["blocks"].as_u64().unwrap(), 41 + 41 + 9 + 1 + zero);
+    assert_eq!(d["sampled_blocks"], 41 + 41 + 9 + 1);
+    assert_eq!(d["sampled_distinct"], 41 + 9);
+    assert_eq!(d["bytes_saved_estimate"], 42 * 4096);
+
+    // Without --dedup there is no such section; a zero budget is refused.
+    let (ok, r, _) = scan(&[dir.path()], &["--sample-mib", "1"]);
+    assert!(ok && r.get("dedup").is_none());
+    let out = Command::new(env!("CARGO_BIN_EXE_squeeze"))
+        .args(["scan", "--dedup", "--dedup-mem", "0"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--dedup-mem must be at least 1"));
+}

@@ -3,6 +3,7 @@
 //! chart.
 
 use super::choose::{choose, row, Choice, CodecRow, CpuPerGib, Why};
+use super::dedup::DedupReport;
 use super::detect::DataType;
 use super::measure::{self, Cell, Group, BLOB_SIZES};
 use super::walk::WalkStats;
@@ -79,6 +80,9 @@ pub(super) struct Report {
     pub(super) recommendation: Recommendation,
     pub(super) all: GroupReport,
     pub(super) groups: Vec<GroupReport>,
+    /// `--dedup`'s estimate; absent without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) dedup: Option<DedupReport>,
 }
 
 pub(super) fn group_report(
@@ -330,6 +334,34 @@ pub(super) fn print_text(r: &Report) {
             100.0 * n.heuristic_skip_fraction
         );
     }
+    if let Some(d) = &r.dedup {
+        outln!();
+        outln!("{}", dedup_text(d));
+    }
+}
+
+/// `--dedup`'s line: the duplicate share, what it saves, and how it was
+/// counted.
+fn dedup_text(d: &DedupReport) -> String {
+    let nonzero = d.blocks - d.zero_blocks;
+    let how = if d.sample_rate >= 1.0 {
+        "every fingerprint counted".to_string()
+    } else {
+        format!(
+            "estimated from 1 in {:.0} fingerprints ({} blocks)",
+            1.0 / d.sample_rate,
+            d.sampled_blocks
+        )
+    };
+    format!(
+        "dedup at 4 KiB: {:.1}% of the {} non-zero blocks repeat another: about {} saved before compression \
+         ({} all-zero blocks are holes either way; {how}; index {})",
+        100.0 * d.duplicate_fraction,
+        nonzero,
+        human(d.bytes_saved_estimate),
+        d.zero_blocks,
+        human(d.index_bytes)
+    )
 }
 
 /// Ratio against single-core compress speed for all data, one line per
