@@ -21,7 +21,9 @@
 //! ```
 //! The hidden address's own entry (direct) says where its record is.
 
-use crate::layout::{MAX_BACKING_BYTES, MAX_BLOB_SECTORS, RECORD_ALIGN, SHARED_BASE, SHARED_SECTORS};
+use crate::layout::{
+    MAX_BACKING_BYTES, MAX_BLOB_SECTORS, RECORD_ALIGN, SHARED_BASE, SHARED_SECTORS,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
 pub struct MapEntry(pub u64);
@@ -86,7 +88,11 @@ impl MapEntry {
     /// Byte offset of the record in the backing file (direct entries; 0
     /// for the others).
     pub fn record_offset(self) -> u64 {
-        (self.0 & ((1 << 40) - 1)) * RECORD_ALIGN
+        if self.is_direct() {
+            (self.0 & ((1 << 40) - 1)) * RECORD_ALIGN
+        } else {
+            0
+        }
     }
     pub fn index(self) -> u32 {
         ((self.0 >> 40) & 31) as u32
@@ -122,11 +128,18 @@ mod tests {
 
     #[test]
     fn indirect_entries() {
-        for t in [SHARED_BASE, SHARED_BASE + 1, SHARED_BASE + SHARED_SECTORS - 1] {
+        for t in [
+            SHARED_BASE,
+            SHARED_BASE + 1,
+            SHARED_BASE + SHARED_SECTORS - 1,
+        ] {
             let e = MapEntry::indirect(t);
             assert!(e.is_mapped() && e.is_indirect() && !e.is_direct());
             assert_eq!(e.target(), Some(t));
-            assert_eq!((e.record_len(), e.stored_share()), (0, 0));
+            assert_eq!(
+                (e.record_len(), e.stored_share(), e.record_offset()),
+                (0, 0, 0)
+            );
         }
         let d = MapEntry::new(1 << 20, 3, 8, 4160);
         assert!(d.is_direct() && !d.is_indirect() && d.target().is_none());

@@ -34,6 +34,7 @@ use crate::state::log_state::{head_segment_of, max_segments, segment_of, LogStat
 use crate::state::map_state::MapState;
 use crate::state::Inner;
 use crate::storage::Storage;
+use squeeze_format::map_entry::is_shared;
 use squeeze_format::{
     record::verify_payload, FlushMark, RecordHeader, RecordKind, RecordScan, Stride, Superblock,
     DATA_START, RECORD_ALIGN, RECORD_HEADER_SIZE, SHORT_HEADER_SIZE,
@@ -371,12 +372,18 @@ fn read_record(
         storage.read_at(buf, pos + h.header_len() as u64).ok()?;
         verify_payload(&h, buf).ok()?;
     }
-    if matches!(
-        h.kind,
-        RecordKind::Extent | RecordKind::Relocate | RecordKind::Zero
-    ) && h.lba + u64::from(h.sectors) > sb.sectors()
-    {
-        return None;
+    // Client records lie inside the volume; records of hidden addresses
+    // (deduplication) inside their range; a Link from the first to the
+    // second (its target range checked by the header's bounds).
+    let n = u64::from(h.sectors);
+    let client = h.lba + n <= sb.sectors();
+    let hidden = n > 0 && is_shared(h.lba) && is_shared(h.lba + n - 1);
+    match h.kind {
+        RecordKind::Extent | RecordKind::Relocate | RecordKind::Zero if !client && !hidden => {
+            return None
+        }
+        RecordKind::Link if !client => return None,
+        _ => {}
     }
     Some(h)
 }

@@ -110,6 +110,13 @@ pub enum Item {
         /// the target: the upgrade may still have to rewrite it.
         below_target: bool,
     },
+    /// Deduplication: client sectors `lba..lba + sectors` share hidden
+    /// addresses from `target` (a Link record, no payload).
+    Link {
+        lba: u64,
+        sectors: u32,
+        target: u64,
+    },
 }
 
 impl Item {
@@ -148,7 +155,7 @@ impl Item {
                 chunk_sectors,
                 ..
             } => whole(*codec, *chunk_sectors, payload),
-            Item::Zero { .. } => whole(CodecId::None, 0, &[]),
+            Item::Zero { .. } | Item::Link { .. } => whole(CodecId::None, 0, &[]),
         }
     }
 
@@ -165,7 +172,7 @@ impl Item {
                 ..
             } => chunks.as_ref().map(|c| c.crc),
             Item::Moved { crc, .. } => *crc,
-            Item::Zero { .. } => None,
+            Item::Zero { .. } | Item::Link { .. } => None,
         }
     }
 }
