@@ -722,6 +722,11 @@ impl Volume {
         progress: impl FnMut(u64, u64),
     ) -> Result<crate::dedup::DedupReport> {
         self.inner.writable()?;
+        // Links and indirect entries only once the superblock says a
+        // version that has them (durably): a checkpoint makes it so.
+        if self.inner.sb.lock().version < squeeze_format::DEDUP_VERSION {
+            checkpoint::write(&self.inner, false)?;
+        }
         crate::dedup::pass::pass(&self.inner, index_budget, progress)
     }
 

@@ -28,8 +28,8 @@ pub use piece_decoder::{PieceDecoder, PieceHead};
 pub use record::{HeaderForm, RecordHeader, RecordKind};
 pub use record_scan::{RecordScan, ScannedRecord, Stride};
 pub use superblock::{
-    CheckpointRef, CompressionMode, Policy, Superblock, CHUNKED_VERSION, FORMAT_VERSION,
-    SHORT_HEADER_VERSION,
+    CheckpointRef, CompressionMode, Policy, Superblock, CHUNKED_VERSION, DEDUP_VERSION,
+    FORMAT_VERSION, SHORT_HEADER_VERSION,
 };
 
 /// A decode failure: bytes from disk never panic, they produce one of these.

@@ -37,7 +37,7 @@ use crate::storage::Storage;
 use squeeze_format::map_entry::is_shared;
 use squeeze_format::{
     record::verify_payload, FlushMark, RecordHeader, RecordKind, RecordScan, Stride, Superblock,
-    DATA_START, RECORD_ALIGN, RECORD_HEADER_SIZE, SHORT_HEADER_SIZE,
+    DATA_START, DEDUP_VERSION, RECORD_ALIGN, RECORD_HEADER_SIZE, SHORT_HEADER_SIZE,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -382,7 +382,7 @@ fn read_record(
         RecordKind::Extent | RecordKind::Relocate | RecordKind::Zero if !client && !hidden => {
             return None
         }
-        RecordKind::Link if !client => return None,
+        RecordKind::Link if !client || sb.version < DEDUP_VERSION => return None,
         _ => {}
     }
     Some(h)
