@@ -54,6 +54,16 @@ fn shares_copies_and_reads_them_back() {
     assert_eq!(rep.sectors_linked, 3 * 256, "{rep:?}");
     assert_eq!(rep.sectors_mismatched, 0);
     check(&v, &model);
+    // Honest stats: the same client bytes mapped, two copies saved, and
+    // compression's ratio told apart from deduplication's.
+    let st = v.stats();
+    assert_eq!(st.mapped_bytes, before.mapped_bytes);
+    assert_eq!(st.dedup_shared_sectors, 256);
+    assert_eq!(st.dedup_references, 3 * 256);
+    assert_eq!(st.dedup_saved_bytes, 2 * 256 * S);
+    assert_eq!(st.dedup_linked_sectors, 3 * 256);
+    assert_eq!(st.dedup_shared_writes, 256);
+    assert!(st.data_reduction_ratio > st.compression_ratio);
     // The copies' records are garbage now: compact gives their room back.
     v.compact(|_, _| {}).unwrap();
     check(&v, &model);

@@ -20,13 +20,15 @@
 use squeeze_format::{MapEntry, SHARED_BASE};
 use std::collections::{BTreeSet, HashMap};
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct SharedRefs {
     counts: HashMap<u64, u32>,
     orphans: BTreeSet<u64>,
     next: u64,
     /// Sum of the counts.
     references: u64,
+    /// Hidden addresses mapped to a record (referenced or orphans).
+    mapped: u64,
 }
 
 /// RAM of one counted hidden address (key, value and the table's slack).
@@ -68,6 +70,26 @@ impl SharedRefs {
         if !self.counts.contains_key(&h) {
             self.orphans.insert(h);
         }
+    }
+
+    /// `n` hidden addresses mapped to records (`add`) or no longer.
+    pub fn count_mapped(&mut self, n: u64, add: bool) {
+        if add {
+            self.mapped += n;
+        } else {
+            self.mapped -= n;
+        }
+    }
+
+    /// Hidden addresses mapped to records: sectors of the map that are not
+    /// client sectors.
+    pub fn mapped(&self) -> u64 {
+        self.mapped
+    }
+
+    /// Orphans not zeroed yet.
+    pub fn orphan_count(&self) -> u64 {
+        self.orphans.len() as u64
     }
 
     /// `n` consecutive fresh hidden addresses.

@@ -96,10 +96,20 @@ impl MapState {
             }
             RecordKind::Zero => self.unmap(h.lba, u64::from(h.sectors), seg_size)?,
             RecordKind::Link => {
+                // Each sector is linked only where its hidden address holds
+                // a record: at runtime always (the pass links after the
+                // content's Extent is installed); in replay, a crash may
+                // have lost that Extent (unflushed, torn, passed over) and
+                // kept the Link after it, which then leaves the sector as
+                // it was rather than point it at nothing.
                 self.map.need(h.lba, u64::from(h.sectors))?;
+                self.map.need(h.aux, u64::from(h.sectors))?;
                 for i in 0..h.sectors {
-                    let e = MapEntry::indirect(h.aux + u64::from(i));
-                    self.replace(h.lba + u64::from(i), e, seg_size)?;
+                    let t = h.aux + u64::from(i);
+                    if self.map.get(t)?.is_direct() {
+                        let e = MapEntry::indirect(t);
+                        self.replace(h.lba + u64::from(i), e, seg_size)?;
+                    }
                 }
             }
             RecordKind::SegmentHeader => {}
@@ -130,6 +140,7 @@ pub(crate) fn account(
             usage.remove_run(seg, first, n);
         }
         if is_shared(lba) {
+            shared.count_mapped(u64::from(n), add);
             for i in 0..u64::from(n) {
                 if add {
                     shared.note_mapped(lba + i);
