@@ -365,8 +365,8 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
             }),
             73..=75 => vol.checkpoint(),
             76..=77 => vol.clean_pass().map(|_| ()),
-            // Even seeds deduplicate where odd ones merge.
-            78 if seed % 2 == 0 => vol.dedup(1 << 20, |_, _| {}).map(|rep| {
+            // Even seeds deduplicate where odd ones clean or merge.
+            76..=78 if seed % 2 == 0 => vol.dedup(1 << 20, |_, _| {}).map(|rep| {
                 kills.dedup_linked += rep.sectors_linked;
             }),
             78 => vol.merge(|_, _| {}).map(|_| ()),
