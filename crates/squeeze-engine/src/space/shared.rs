@@ -14,8 +14,11 @@
 //!   zeroes them (a Zero record of the hidden address), and takes them off
 //!   with `zeroed`. An address the open finds mapped with no reference is
 //!   an orphan too (a crash between the last reference going and its Zero).
-//! - `next` is above every hidden address in use: new ones are taken from
-//!   it (`allocate`), never reused in a volume's life (2^50 of them).
+//! - `next` is above every hidden address mapped or referenced since the
+//!   open: new ones are taken from it (`allocate`), so none is handed out
+//!   twice while the log after the open's checkpoint may still name it
+//!   (after a reopen, addresses above the highest in use may be again:
+//!   replay never reaches back past the open's own checkpoint).
 
 use squeeze_format::{MapEntry, SHARED_BASE};
 use std::collections::{BTreeSet, HashMap};
