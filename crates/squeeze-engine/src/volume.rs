@@ -557,7 +557,11 @@ impl Volume {
         // The tail given up (or added): no write runs there meanwhile.
         let _range = self.inner.ranges.lock(first, last);
         if new_size < old {
-            let mapped = pager::with_map(&self.inner, |st| st.map.next_mapped(first, u64::MAX))?;
+            // Client sectors only: hidden addresses (shared content) lie
+            // past every volume's end.
+            let mapped = pager::with_map(&self.inner, |st| {
+                st.map.next_mapped(first, squeeze_format::SHARED_BASE)
+            })?;
             if let Some(lba) = mapped {
                 return Err(EngineError::Invalid(Invalid::ShrinkOverData {
                     size: new_size,

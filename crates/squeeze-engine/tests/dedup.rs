@@ -112,6 +112,13 @@ fn shares_copies_and_reads_them_back() {
     v.close().unwrap();
     let v = reopen(&s);
     check(&v, &model);
+    // Shared content lies past the volume's end: a shrink over free space
+    // is not refused for it, and a grow leaves it alone.
+    v.trim(30 << 20, 2 << 20, false).unwrap();
+    v.resize(30 << 20).unwrap();
+    v.resize(size).unwrap();
+    model[30 << 20..].fill(0);
+    check(&v, &model);
 }
 
 /// Content repeated inside one window, and a fingerprint index too small
