@@ -16,7 +16,7 @@ use crate::state::Inner;
 const BATCH: usize = 1024;
 
 /// Zeroes every orphan; returns how many. The caller holds
-/// `inner.dedup_lock` (a pass does) or takes it here (`zero_now`).
+/// `inner.dedup_lock` (a pass does; `zero_now` takes it).
 pub(crate) fn zero(inner: &Inner) -> Result<u64> {
     let mut done = 0;
     loop {
@@ -54,8 +54,12 @@ pub(crate) fn zero(inner: &Inner) -> Result<u64> {
     }
 }
 
-/// `zero` for callers outside a pass (the maintenance thread, `compact`).
+/// `zero` for the maintenance thread: nothing while a pass runs (the
+/// pass zeroes what it leaves at its end; the maintenance thread must not
+/// wait for it, its checkpoints would wait too).
 pub(crate) fn zero_now(inner: &Inner) -> Result<u64> {
-    let _one = inner.dedup_lock.lock();
-    zero(inner)
+    match inner.dedup_lock.try_lock() {
+        Some(_one) => zero(inner),
+        None => Ok(0),
+    }
 }
