@@ -122,7 +122,9 @@ impl ZstdCompressor {
         let content = &src[..=last];
         // Room for the frame of a body of `limit` bytes, and no more: the
         // library stops as soon as the output would not fit.
-        let cap = (limit + zstd_block::IMPLIED_BYTES).min(zstd_safe::compress_bound(content.len()));
+        let cap = limit
+            .saturating_add(zstd_block::IMPLIED_BYTES)
+            .min(zstd_safe::compress_bound(content.len()));
         dst.reserve_exact(cap);
         let mut frame = std::mem::take(dst);
         let made = self.block_ctx()?.compress_to_buffer(content, &mut frame);
