@@ -16,9 +16,9 @@
 //!   7f23e56).
 //! - tests/fixtures/format-v4.sqz (format 4: short headers, no chunked
 //!   payloads): the same recipe, written by the build at d0b39d3.
-//! - tests/fixtures/format-v5.sqz (format 5: chunked payloads of 32 KiB,
-//!   no Link records or indirect map entries): the same recipe, written by
-//!   the build at 8fa8a5f.
+//! - tests/fixtures/format-v5.sqz (format 5: chunked payloads, 32 KiB
+//!   chunks, no block payloads): the same recipe, written by the build at
+//!   0a2e4d9.
 //!
 //! Any change to the on-disk format must keep these passing (or bump the
 //! version and add a migration, with a new fixture). The map pages out to
@@ -119,7 +119,7 @@ fn a_version_5_volume_opens_checks_and_reads_back() {
     opens_checks_reads_back_and_upgrades("format-v5.sqz", 5, "zstd:3");
 }
 
-/// A version 5 volume deduplicates once its superblock says version 6:
+/// A version 5 volume deduplicates once its superblock says version 7:
 /// `compact --dedup` checkpoints first, then links, and it reads back
 /// and checks clean, with the copies shared.
 #[test]
@@ -152,6 +152,87 @@ fn a_version_5_volume_deduplicates_after_its_upgrade() {
     let o = squeeze(&["stats", v, "--json"]);
     let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(st["dedup_references"], 2 * 63, "{st:#}");
+/// Sectors like a sparse write-ahead log's commits: 128 bytes (half random,
+/// half a repeat of them), then zeros.
+fn commit_sectors(n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * 4096);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..n {
+        let half: Vec<u8> = (0..64)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        out.extend_from_slice(&half);
+        out.extend_from_slice(&half);
+        out.resize(out.len() + 4096 - 128, 0);
+    }
+    out
+}
+
+/// A version 5 log has no block payloads; once a checkpoint has made the
+/// superblock say 6, small zstd frames become block payloads, and the two
+/// read back side by side (and after a compaction, which moves them).
+#[test]
+fn a_version_5_volume_writes_block_payloads_only_after_its_upgrade() {
+    use squeeze_engine::{FileStorage, Volume};
+    let dir = tempfile::tempdir().unwrap();
+    let vol = copy_fixture("format-v5.sqz", dir.path());
+    let blocks = |vol: &Path| data_records(vol).iter().filter(|h| h.block).count();
+    assert_eq!(blocks(&vol), 0);
+    let data = export_256k(vol.to_str().unwrap(), &dir.path().join("out.bin"));
+    let commits = commit_sectors(16);
+    let storage = std::sync::Arc::new(FileStorage::open(&vol).unwrap());
+    let v = Volume::open(storage, Default::default()).unwrap();
+    // Before the upgrade: frames, one sector a write as a log's commits.
+    for (k, s) in commits[..8 * 4096].chunks(4096).enumerate() {
+        v.write((2 << 20) + k as u64 * 4096, s, false).unwrap();
+        v.flush().unwrap();
+    }
+    assert_eq!(v.superblock().version, 5);
+    assert_eq!(blocks(&vol), 0, "a block payload in a version 5 log");
+    // The checkpoint makes it this build's version; then block payloads.
+    v.checkpoint().unwrap();
+    assert_eq!(v.superblock().version, squeeze_format::FORMAT_VERSION);
+    for (k, s) in commits[8 * 4096..].chunks(4096).enumerate() {
+        v.write((3 << 20) + k as u64 * 4096, s, false).unwrap();
+        v.flush().unwrap();
+    }
+    v.close().unwrap();
+    let recs = data_records(&vol);
+    let new: Vec<_> = recs.iter().filter(|h| h.lba >= 768).collect();
+    let old: Vec<_> = recs
+        .iter()
+        .filter(|h| (512..768).contains(&h.lba))
+        .collect();
+    assert_eq!((new.len(), old.len()), (8, 8));
+    assert!(new.iter().all(|h| h.block), "{new:?}");
+    assert!(old.iter().all(|h| !h.block), "{old:?}");
+    // The frame's headers and its zero tail: 13 bytes or more a record.
+    let most_new = new.iter().map(|h| h.stored_len).max().unwrap();
+    let least_old = old.iter().map(|h| h.stored_len).min().unwrap();
+    assert!(most_new + 13 <= least_old, "{most_new} {least_old}");
+    let v = vol.to_str().unwrap();
+    check(v);
+    let all = |name: &str| {
+        let out = dir.path().join(name);
+        let o = squeeze(&["export", v, out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read(out).unwrap()
+    };
+    let before = all("before.bin");
+    assert_eq!(before[..262144], data[..]);
+    assert!(before[2 << 20..(2 << 20) + 8 * 4096] == commits[..8 * 4096]);
+    assert!(before[3 << 20..(3 << 20) + 8 * 4096] == commits[8 * 4096..]);
+    let o = squeeze(&["compact", v]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check(v);
+    assert!(all("after.bin") == before);
+    // The moved block payloads are still block payloads.
+    assert!(blocks(&vol) >= 8);
 }
 
 /// The extent and relocation records of the log. Walks the segments'

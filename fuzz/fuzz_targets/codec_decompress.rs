@@ -1,6 +1,8 @@
 //! squeeze_codec::decompress for every CodecId on arbitrary payloads with an
 //! arbitrary expected length (<= 256 KiB): an `Err` or exactly that many
-//! bytes, never a panic. Also, on the same bytes used as data: every codec's
+//! bytes, never a panic; the same for `decompress_block` (format 6's block
+//! payloads).
+ Also, on the same bytes used as data: every codec's
 //! compressor round-trips them, honours its limit, and squeeze's lz4 output
 //! and lz4_flex's decode with each other (on-disk compatibility).
 //!
@@ -12,7 +14,9 @@
 use libfuzzer_sys::fuzz_target;
 use std::cell::RefCell;
 
-use squeeze_codec::{decompress, new_compressor, Algorithm, CodecId, Compressor};
+use squeeze_codec::{
+    decompress, decompress_block, new_compressor, Algorithm, BlockOutcome, CodecId, Compressor,
+};
 
 const MAX_LEN: usize = 256 << 10;
 
@@ -42,6 +46,12 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(&a[..], payload);
             }
         }
+    }
+    let ra = decompress_block(payload, &mut a);
+    let rb = decompress_block(payload, &mut b);
+    assert_eq!(ra.is_ok(), rb.is_ok(), "block: accepts depending on dst");
+    if ra.is_ok() {
+        assert!(a == b, "block: output depends on dst's prior content");
     }
     // Where liblz4 (squeeze) and lz4_flex both accept a block of exactly
     // `len` bytes, they agree on its content. (liblz4 is laxer: it accepts
@@ -86,6 +96,11 @@ fn round_trip_one(c: &mut dyn Compressor, raw: &[u8]) {
         assert_eq!(n, out.len());
         decompress(alg.codec, &out, &mut back).expect("decompress own output");
         assert!(back[..] == raw[..], "{alg}: round trip differs");
+        if let BlockOutcome::Body(_) = c.compress_block(raw, &mut out, usize::MAX).expect("block") {
+            back.fill(0xa5);
+            decompress_block(&out, &mut back).expect("decompress own block");
+            assert!(back[..] == raw[..], "{alg}: block round trip differs");
+        }
         if alg.codec == CodecId::Lz4 {
             let mut flex = vec![0u8; raw.len()];
             let m = lz4_flex::block::decompress_into(&out, &mut flex).expect("lz4_flex decode");

@@ -103,7 +103,11 @@ fn streamed(mode: u8, b: &[u8], uuid: &[u8; 16]) {
             assert_eq!((head.header, head.crc), (header, crc));
         }
         (Err(_), Err(_)) => {}
-        (s, w) => panic!("streamed {:?}, whole {:?}", s.map(|h| h.crc), w.map(|w| w.2)),
+        (s, w) => panic!(
+            "streamed {:?}, whole {:?}",
+            s.map(|h| h.crc),
+            w.map(|w| w.2)
+        ),
     }
 }
 

@@ -79,7 +79,8 @@ fn build(clean: bool) -> Image {
             } else {
                 fio_like(len, 60, 4096, next())
             };
-            v.write((lba * SECTOR_SIZE) as u64, &d, false).expect("write");
+            v.write((lba * SECTOR_SIZE) as u64, &d, false)
+                .expect("write");
             model[lba * SECTOR_SIZE..lba * SECTOR_SIZE + len].copy_from_slice(&d);
         }
     };

@@ -31,6 +31,32 @@ pub trait Compressor: Send {
         dst: &mut Vec<u8>,
         limit: usize,
     ) -> Result<Option<usize>, CodecError>;
+
+    /// Compresses `src` (an extent's raw bytes) into `dst` (cleared first)
+    /// as a block payload (format 6, `squeeze_format::zstd_block`): the
+    /// body of one compressed block of `src` up to its last non-zero byte.
+    /// Only zstd has one; every other codec answers `NotABlock`.
+    fn compress_block(
+        &mut self,
+        src: &[u8],
+        dst: &mut Vec<u8>,
+        limit: usize,
+    ) -> Result<BlockOutcome, CodecError> {
+        let _ = (src, dst, limit);
+        Ok(BlockOutcome::NotABlock)
+    }
+}
+
+/// What [`Compressor::compress_block`] made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockOutcome {
+    /// `dst` holds the `n <= limit` bytes of a block payload.
+    Body(usize),
+    /// The body would exceed `limit`: store raw.
+    TooBig,
+    /// No block payload (another codec, or the frame was not one block):
+    /// compress a frame instead.
+    NotABlock,
 }
 
 /// A per-thread decompressor for every codec in the registry.
@@ -75,6 +101,28 @@ pub fn decompress(codec: CodecId, src: &[u8], dst: &mut [u8]) -> Result<(), Code
         static DECOMPRESSOR: RefCell<AnyDecompressor> = RefCell::new(AnyDecompressor::default());
     }
     DECOMPRESSOR.with_borrow_mut(|d| d.decompress(codec, src, dst))
+}
+
+/// Decodes a block payload (format 6, `squeeze_format::zstd_block`) into
+/// `dst`, the extent's raw bytes: the block's content, then zeros. Corrupt
+/// input, or content longer than `dst`, is an error (never a panic).
+pub fn decompress_block(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
+    thread_local! {
+        static BLOCKS: RefCell<(Option<::zstd::bulk::Decompressor<'static>>, Vec<u8>)> =
+            const { RefCell::new((None, Vec::new())) };
+    }
+    BLOCKS.with_borrow_mut(|(ctx, frame)| {
+        let ctx = match ctx {
+            Some(ctx) => ctx,
+            slot => slot.insert(::zstd::bulk::Decompressor::new().map_err(|e| {
+                CodecError::Internal {
+                    codec: CodecId::Zstd,
+                    why: e.to_string(),
+                }
+            })?),
+        };
+        zstd::decode_block(ctx, frame, src, dst)
+    })
 }
 
 /// Decoder contexts for every codec, each created on first use.

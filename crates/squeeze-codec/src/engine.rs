@@ -14,7 +14,13 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::codec::BlockOutcome;
 use crate::heuristic::lz4_finds_repeats;
+
+/// Frames of at most this many bytes are tried as a block payload too
+/// ([`Job::block`]): there the saving is worth a second pass (2.5% or
+/// more of the payload), and the pass is cheap (the blob compresses 8:1).
+pub const BLOCK_TRY_MAX: usize = 512;
 use crate::{looks_incompressible, Algorithm, CodecError, Compressor};
 
 /// One blob to compress: `input[range]`, to at most `limit` bytes.
@@ -42,6 +48,11 @@ pub struct Job {
     /// CRC is then the table's); 0 (or a blob no longer than one chunk):
     /// one frame.
     pub chunk_bytes: usize,
+    /// Where the blob is not chunked and its frame is at most
+    /// [`BLOCK_TRY_MAX`] bytes, also try a block payload (format 6,
+    /// `squeeze_format::zstd_block`, [`Compressor::compress_block`]) and
+    /// keep it if shorter: the result says whether it is one.
+    pub block: bool,
 }
 
 impl Job {
@@ -59,7 +70,15 @@ impl Job {
             skip_if_incompressible,
             checksum: false,
             chunk_bytes: 0,
+            block: false,
         }
+    }
+
+    /// The same job, trying a block payload where it is not chunked (see
+    /// [`Job::block`]).
+    pub fn with_block(mut self, block: bool) -> Self {
+        self.block = block;
+        self
     }
 
     /// The same job, asking for the CRC32C of its output.
@@ -111,6 +130,9 @@ pub struct JobResult {
     /// output when the job asked for it; None otherwise (an engine may
     /// leave it to the caller).
     pub output_crc32c: Option<u32>,
+    /// The `Compressed` output is a block payload (format 6,
+    /// `squeeze_format::zstd_block`), not a frame.
+    pub block: bool,
 }
 
 /// A batch compression engine.
@@ -176,40 +198,53 @@ pub fn run_job(
     let start = std::time::Instant::now();
     let src = job.data();
     let mut output_crc32c = None;
-    let output =
-        if job.skip_if_incompressible && looks_incompressible(src) && !lz4_finds_repeats(src) {
-            JobOutput::Skipped
-        } else if job.chunk_bytes != 0 && src.len() > job.chunk_bytes {
-            match crate::chunked::compress_chunked(
-                compressor,
-                src,
-                job.chunk_bytes,
-                job.limit,
-                scratch,
-            )? {
-                Some((payload, table_crc)) => {
-                    // The chunks' CRCs are in the table: its CRC is the
-                    // record's, whether or not the job asked for one.
-                    output_crc32c = Some(table_crc);
-                    JobOutput::Compressed(payload)
-                }
-                None => JobOutput::TooBig,
+    let mut block = false;
+    let output = if job.skip_if_incompressible
+        && looks_incompressible(src)
+        && !lz4_finds_repeats(src)
+    {
+        JobOutput::Skipped
+    } else if job.chunk_bytes != 0 && src.len() > job.chunk_bytes {
+        match crate::chunked::compress_chunked(
+            compressor,
+            src,
+            job.chunk_bytes,
+            job.limit,
+            scratch,
+        )? {
+            Some((payload, table_crc)) => {
+                // The chunks' CRCs are in the table: its CRC is the
+                // record's, whether or not the job asked for one.
+                output_crc32c = Some(table_crc);
+                JobOutput::Compressed(payload)
             }
-        } else {
-            match compressor.compress(src, scratch, job.limit)? {
-                Some(n) => {
-                    let out = &scratch[..n];
-                    if job.checksum {
-                        output_crc32c = Some(squeeze_format::checksum::crc32c(out));
+            None => JobOutput::TooBig,
+        }
+    } else {
+        match compressor.compress(src, scratch, job.limit)? {
+            Some(n) => {
+                let mut out = scratch[..n].to_vec();
+                // A small frame: its block payload saves its headers and
+                // its zero tail (about 14 bytes of a WAL commit's 118);
+                // a second pass only where the first was cheap and small.
+                if job.block && n <= BLOCK_TRY_MAX {
+                    if let BlockOutcome::Body(m) = compressor.compress_block(src, scratch, n - 1)? {
+                        out = scratch[..m].to_vec();
+                        block = true;
                     }
-                    JobOutput::Compressed(out.to_vec())
                 }
-                None => JobOutput::TooBig,
+                if job.checksum {
+                    output_crc32c = Some(squeeze_format::checksum::crc32c(&out));
+                }
+                JobOutput::Compressed(out)
             }
-        };
+            None => JobOutput::TooBig,
+        }
+    };
     Ok(JobResult {
         output,
         cpu_ns: u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
         output_crc32c,
+        block,
     })
 }

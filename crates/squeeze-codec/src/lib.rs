@@ -38,7 +38,8 @@ pub mod testdata;
 
 pub use algorithm::Algorithm;
 pub use codec::{
-    decompress, new_compressor, new_decompressor, try_new_compressor, Compressor, Decompressor,
+    decompress, decompress_block, new_compressor, new_decompressor, try_new_compressor,
+    BlockOutcome, Compressor, Decompressor,
 };
 pub use cputime::thread_cpu_ns;
 pub use engine::{CompressEngine, Job, JobOutput, JobResult};

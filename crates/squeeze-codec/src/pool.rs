@@ -316,6 +316,7 @@ impl CpuPool {
                     output: JobOutput::TooBig,
                     cpu_ns: 0,
                     output_crc32c: None,
+                    block: false,
                 }
             }
         }
@@ -364,6 +365,7 @@ fn worker(queue: &Queue<Task>, counters: Arc<Counters>, factory: CompressorFacto
                     output: JobOutput::TooBig,
                     cpu_ns: 0,
                     output_crc32c: None,
+                    block: false,
                 }
             }
         };

@@ -97,6 +97,7 @@ fn the_isal_pool_answers_batches() {
             skip_if_incompressible: false,
             checksum: true,
             chunk_bytes: 0,
+            block: false,
         })
         .collect();
     for alg in ["deflate:1", "deflate:6", "zstd:3"] {

@@ -79,6 +79,7 @@ pub(crate) fn segment_header(uuid: &[u8; 16], seq: u64, segment: SegmentId) -> R
         aux: u64::from(segment),
         payload_crc: 0,
         chunk_sectors: 0,
+        block: false,
         form: HeaderForm::Full,
     }
 }
@@ -133,6 +134,7 @@ fn item_header(
         aux,
         payload_crc,
         chunk_sectors: payload.chunk_sectors,
+        block: payload.block,
         form: HeaderForm::choose(short, kind, lba, sectors, stored_len, aux),
     }
 }

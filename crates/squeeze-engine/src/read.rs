@@ -198,11 +198,11 @@ fn decode_extent(inner: &Inner, e: MapEntry, lba: u64, rec: &[u8], out: &mut [u8
     // Monotonic time around the codec call (see squeeze_codec::run_job).
     let t0 = std::time::Instant::now();
     let res = if first == 0 && out.len() == h.raw_len() {
-        squeeze_codec::decompress(h.codec, payload, out)
+        decompress_whole(&h, payload, out)
     } else {
         RAW_BUF.with_borrow_mut(|raw| {
             raw.resize(h.raw_len(), 0);
-            let r = squeeze_codec::decompress(h.codec, payload, raw);
+            let r = decompress_whole(&h, payload, raw);
             if r.is_ok() {
                 out.copy_from_slice(&raw[first..first + out.len()]);
             }
@@ -289,7 +289,21 @@ pub(crate) fn decode_payload(
     if h.is_chunked() {
         return decode_chunks(h, payload, 0, out);
     }
-    squeeze_codec::decompress(h.codec, payload, out).map_err(ChunkError::Codec)
+    decompress_whole(h, payload, out).map_err(ChunkError::Codec)
+}
+
+/// Decodes the unchunked payload of `h` into `out`, its raw bytes: one
+/// frame of its codec, or a block payload (format 6).
+fn decompress_whole(
+    h: &RecordHeader,
+    payload: &[u8],
+    out: &mut [u8],
+) -> std::result::Result<(), CodecError> {
+    if h.block {
+        squeeze_codec::decompress_block(payload, out)
+    } else {
+        squeeze_codec::decompress(h.codec, payload, out)
+    }
 }
 
 /// Reads `buf.len()` bytes at byte `offset`. Returns true when every

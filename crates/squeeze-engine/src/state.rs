@@ -100,6 +100,10 @@ pub(crate) struct Inner {
     /// set once the superblock says format 4 on disk (at open, or by the
     /// checkpoint that upgrades an older volume), never cleared.
     pub short_records: std::sync::atomic::AtomicBool,
+    /// Small zstd frames may become block payloads
+    /// (`squeeze_format::zstd_block`): set once the superblock says format
+    /// 6 on disk, as `short_records` is for format 4, never cleared.
+    pub block_payloads: std::sync::atomic::AtomicBool,
     /// Bytes of RAM the sector map may use before chunks page out to the
     /// checkpoint chain (`OpenOptions::map_cache`, `meta::pager`).
     pub map_cache: std::sync::atomic::AtomicU64,

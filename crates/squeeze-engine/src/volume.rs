@@ -47,8 +47,9 @@ use crate::{read, write};
 use parking_lot::{Condvar, Mutex, RwLock};
 use squeeze_codec::CompressEngine;
 use squeeze_format::{
-    CheckpointRef, FlushMark, Policy, Superblock, CHUNKED_VERSION, DATA_START, FORMAT_VERSION,
-    RECORD_HEADER_SIZE, SECTOR_SIZE, SHORT_HEADER_VERSION, SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
+    CheckpointRef, FlushMark, Policy, Superblock, BLOCK_VERSION, CHUNKED_VERSION, DATA_START,
+    FORMAT_VERSION, RECORD_HEADER_SIZE, SECTOR_SIZE, SHORT_HEADER_VERSION, SUPERBLOCK_SIZE,
+    SUPERBLOCK_SLOTS,
 };
 use std::sync::Arc;
 
@@ -342,6 +343,7 @@ impl Volume {
             storage,
             uuid: sb.uuid,
             short_records: (sb.version >= SHORT_HEADER_VERSION).into(),
+            block_payloads: (sb.version >= BLOCK_VERSION).into(),
             logical_size: sb.logical_size.into(),
             seg_size: u64::from(sb.segment_size),
             policy: RwLock::new(ActivePolicy::with_adaptation(

@@ -13,6 +13,7 @@ use crate::read;
 use crate::space::make_room::append_making_room;
 use crate::state::Inner;
 use squeeze_format::SECTOR_SIZE;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 const SECTOR: u64 = SECTOR_SIZE as u64;
@@ -97,7 +98,16 @@ fn write_sectors(
             pending_raw_bytes: inner.state.read().usage.burst_raw_total(),
         };
         let alg = policy.write_algorithm(&*inner.engine, written, &room);
-        let (items, cpu_ns) = encode(&*inner.engine, &policy, alg, hint, chunk, shared, &pieces);
+        let blocks = inner.block_payloads.load(Ordering::Acquire);
+        let (items, cpu_ns) = encode(
+            &*inner.engine,
+            &policy,
+            (alg, blocks),
+            hint,
+            chunk,
+            shared,
+            &pieces,
+        );
         inner.counters.add(Counter::CompressNs, cpu_ns);
         append_making_room(inner, &items, chunk, Room::Data)?;
     }

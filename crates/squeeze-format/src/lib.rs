@@ -16,6 +16,7 @@ pub mod piece_decoder;
 pub mod record;
 pub mod record_scan;
 pub mod superblock;
+pub mod zstd_block;
 
 pub use checkpoint::{
     MapRun, Piece, PieceHeader, PieceKind, PieceStream, PieceWriter, SegmentNote, CHUNK_ENTRIES,
@@ -28,7 +29,8 @@ pub use piece_decoder::{PieceDecoder, PieceHead};
 pub use record::{HeaderForm, RecordHeader, RecordKind};
 pub use record_scan::{RecordScan, ScannedRecord, Stride};
 pub use superblock::{
-    CheckpointRef, CompressionMode, Policy, Superblock, CHUNKED_VERSION, DEDUP_VERSION,
+    CheckpointRef, CompressionMode, Policy, Superblock, BLOCK_VERSION, CHUNKED_VERSION,
+    DEDUP_VERSION,
     FORMAT_VERSION, SHORT_HEADER_VERSION,
 };
 

@@ -43,7 +43,10 @@
 //! of the codec (or the raw bytes when the codec is `None`); `c` in 1..=5,
 //! independent chunks of `1 << (c - 1)` sectors behind a table
 //! (`chunks.rs`), only on an extent or relocation of more sectors than one
-//! chunk. The payload CRC is then the table's.
+//! chunk. The payload CRC is then the table's. 6 (format 6), a zstd
+//! extent or relocation whose payload is the body of one compressed zstd
+//! block, its frame implied and its raw bytes past the block's content
+//! zeros (`zstd_block.rs`). 7 is reserved.
 //!
 //! A record occupies `align_record(header + stored_len)` bytes. Invariants
 //! checked on decode: magic, header checksum, known kind and codec,
@@ -57,6 +60,7 @@ use crate::layout::{
     SHORT_HEADER_SIZE, SHORT_MAX_SECTORS,
 };
 use crate::le::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
+use crate::zstd_block::BLOCK_CODE;
 use crate::{checksum, CodecId, FormatError};
 
 pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"SQZR");
@@ -174,6 +178,9 @@ pub struct RecordHeader {
     /// (format 5) independent chunks of this many sectors behind a table
     /// (`chunks.rs`), and `payload_crc` is the table's.
     pub chunk_sectors: u32,
+    /// The payload is a zstd block without its frame, the raw bytes past
+    /// its content zeros (format 6, chunk code 6: `zstd_block.rs`).
+    pub block: bool,
     /// How the header is (to be) laid out; `uuid` is in a short header's
     /// CRC, not in its bytes.
     pub form: HeaderForm,
@@ -207,7 +214,9 @@ impl RecordHeader {
     /// The chunk code of the header's bits (see the module's
     /// documentation).
     fn chunk_code(&self) -> u32 {
-        if self.chunk_sectors == 0 {
+        if self.block {
+            BLOCK_CODE
+        } else if self.chunk_sectors == 0 {
             0
         } else {
             self.chunk_sectors.trailing_zeros() + 1
@@ -318,6 +327,7 @@ impl RecordHeader {
             aux: get_u64(b, 48),
             payload_crc: get_u32(b, 56),
             chunk_sectors: chunk_sectors_of(u32::from(flags))?,
+            block: u32::from(flags) == BLOCK_CODE,
             form: HeaderForm::Full,
         };
         h.check_bounds()?;
@@ -363,6 +373,7 @@ impl RecordHeader {
             aux: get_u40(b, 19) * RECORD_ALIGN,
             payload_crc: get_u32(b, 24),
             chunk_sectors: chunk_sectors_of(fields >> 27 & 7)?,
+            block: fields >> 27 & 7 == BLOCK_CODE,
             form: HeaderForm::Short,
         };
         h.check_bounds()?;
@@ -418,9 +429,18 @@ impl RecordHeader {
                 if self.codec == CodecId::None && len != self.raw_len() + table {
                     return bad("uncompressed extent with a short payload".into());
                 }
+                // A block payload: zstd's, one block, shorter than its sectors.
+                if self.block
+                    && (self.codec != CodecId::Zstd || len >= self.raw_len() || self.is_chunked())
+                {
+                    return bad(format!(
+                        "a block payload of {len} bytes in {:?} for {} sectors",
+                        self.codec, self.sectors
+                    ));
+                }
             }
             RecordKind::Zero | RecordKind::SegmentHeader | RecordKind::Link
-                if self.is_chunked() =>
+                if self.is_chunked() || self.block =>
             {
                 return bad(format!("a chunked {:?} record", self.kind));
             }
@@ -457,11 +477,11 @@ impl RecordHeader {
     }
 }
 
-/// The chunk size a header's chunk code (3 bits) stands for: 0 (one frame)
-/// or `1 << (code - 1)` sectors for codes 1..=5.
+/// The chunk size a header's chunk code (3 bits) stands for: 0 (one frame,
+/// or a block payload: code 6) or `1 << (code - 1)` sectors for codes 1..=5.
 fn chunk_sectors_of(code: u32) -> Result<u32, FormatError> {
     match code {
-        0 => Ok(0),
+        0 | BLOCK_CODE => Ok(0),
         1..=5 => Ok(1 << (code - 1)),
         _ => Err(FormatError::Invalid {
             what: "record",
@@ -542,6 +562,7 @@ mod tests {
             aux: 0,
             payload_crc: 0xdead_beef,
             chunk_sectors: 0,
+            block: false,
             form: HeaderForm::Full,
         }
     }
@@ -622,6 +643,7 @@ mod tests {
             aux: 0xff_ffff_fff0,
             payload_crc: 0xdead_beef,
             chunk_sectors: 0,
+            block: false,
             form: HeaderForm::Short,
         }
     }
@@ -701,9 +723,10 @@ mod tests {
                 assert_eq!((d, d.is_chunked()), (h, true), "{form:?} {cs}");
             }
         }
-        // Codes 6 and 7 stand for no chunk size; each with a valid CRC.
+        // Code 7 is reserved; code 6 (a block payload) only for zstd, each
+        // with a valid CRC.
         let mut h = sample();
-        h.sectors = 32;
+        (h.sectors, h.codec) = (32, CodecId::Lz4);
         let mut b = [0u8; 64];
         h.encode(&mut b);
         for code in [6u16, 7] {
@@ -757,6 +780,45 @@ mod tests {
         let mut with_codec = link(100, 1, SHARED_BASE);
         with_codec.codec = CodecId::Zstd;
         assert!(with_codec.check_bounds().is_err());
+    }
+
+    #[test]
+    fn block_payloads_round_trip_in_both_forms_and_only_where_they_may() {
+        for form in [HeaderForm::Full, HeaderForm::Short] {
+            let mut h = sample();
+            (h.form, h.sectors, h.stored_len, h.block) = (form, 1, 100, true);
+            let mut b = vec![0u8; h.header_len()];
+            h.encode(&mut b);
+            let d = RecordHeader::decode(&b, &[9; 16]).unwrap();
+            assert_eq!(d, h, "{form:?}");
+            assert!(!d.is_chunked());
+            assert_eq!(d.record_len(), align_record(h.header_len() as u64 + 100));
+            every_flipped_bit_fails(&h);
+        }
+        let ok = |codec, sectors, stored, chunk_sectors, kind| {
+            let mut h = sample();
+            (h.codec, h.sectors, h.stored_len, h.block) = (codec, sectors, stored, true);
+            (h.chunk_sectors, h.kind) = (chunk_sectors, kind);
+            h.check_bounds().is_ok()
+        };
+        use RecordKind::{Extent, Relocate, Zero};
+        assert!(ok(CodecId::Zstd, 1, 1, 0, Extent));
+        assert!(ok(CodecId::Zstd, 1, 4095, 0, Relocate));
+        assert!(ok(CodecId::Zstd, 32, 131071, 0, Extent));
+        assert!(
+            !ok(CodecId::Zstd, 1, 4096, 0, Extent),
+            "as long as its sector"
+        );
+        assert!(!ok(CodecId::Zstd, 1, 0, 0, Extent));
+        assert!(!ok(CodecId::Lz4, 1, 100, 0, Extent));
+        assert!(!ok(CodecId::None, 1, 4096, 0, Extent));
+        assert!(
+            !ok(CodecId::Zstd, 32, 1000, 8, Extent),
+            "chunked and a block"
+        );
+        let mut z = sample();
+        (z.kind, z.stored_len, z.block) = (Zero, 0, true);
+        assert!(z.check_bounds().is_err());
     }
 
     #[test]

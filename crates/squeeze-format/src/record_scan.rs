@@ -96,6 +96,7 @@ mod tests {
             aux: 0,
             payload_crc: crate::checksum::crc32c(payload),
             chunk_sectors: 0,
+            block: false,
             form,
         };
         let mut b = vec![0u8; h.record_len() as usize];

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! byte  0  magic             [8]  "SQUEEZE\0"
-//!       8  version           u32  1 to 5 (see `FORMAT_VERSION`)
+//!       8  version           u32  1 to 6 (see `FORMAT_VERSION`)
 //!      12  flags             u32  bit 0: clean (closed with a final checkpoint)
 //!      16  uuid              [16]
 //!      32  generation        u64  bumped on every superblock write
@@ -51,18 +51,23 @@ pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"SQUEEZE\0";
 /// delta) upgrades it. Version 4 differs from 5 only in its log and
 /// policy: version 5 records may carry chunked payloads (`chunks.rs`), which
 /// a version 4 volume writes once its first checkpoint has made it 5 and
-/// its policy asks for them (`Policy::read_chunk`). Version 5 differs
-/// from 6 only in its log and map: version 6 may hold Link records and
-/// indirect map entries (deduplication, docs/DEDUP.md), which a volume
-/// writes once a checkpoint has made it 6.
-pub const FORMAT_VERSION: u32 = 6;
+/// its policy asks for them (`Policy::read_chunk`). Version 5 differs from
+/// 6 only in its log: version 6 records may carry block payloads
+/// (`zstd_block.rs`), which a version 5 volume writes once its first
+/// checkpoint has made it 6. Version 6 differs from 7 only in its log and
+/// map: version 7 may hold Link records and indirect map entries
+/// (deduplication, docs/DEDUP.md), which a volume writes once a
+/// checkpoint has made it 7.
+pub const FORMAT_VERSION: u32 = 7;
 /// The first version whose records may have short headers.
 pub const SHORT_HEADER_VERSION: u32 = 4;
 /// The first version whose records may be chunked.
 pub const CHUNKED_VERSION: u32 = 5;
+/// The first version whose records may carry block payloads.
+pub const BLOCK_VERSION: u32 = 6;
 /// The first version whose log may hold Link records and whose map may
 /// hold indirect entries (deduplication).
-pub const DEDUP_VERSION: u32 = 6;
+pub const DEDUP_VERSION: u32 = 7;
 /// The oldest version whose checkpoint chain this build extends with a
 /// delta (older chains restart with a base).
 pub const CHAIN_VERSION: u32 = 3;
@@ -458,7 +463,7 @@ mod tests {
             Err(FormatError::ChecksumMismatch { .. })
         ));
         let mut b = sample().encode();
-        for v in [0, 6, 99] {
+        for v in [0, 7, 99] {
             put_u32(&mut b, 8, v);
             let crc = checksum::crc32c(&b[..SUPERBLOCK_SIZE - 4]);
             put_u32(&mut b, SUPERBLOCK_SIZE - 4, crc);

@@ -147,6 +147,7 @@ fn record_in(
             crc32c(payload)
         },
         chunk_sectors: 0,
+        block: false,
         form,
     };
     let mut b = vec![0u8; h.header_len()];
@@ -276,6 +277,7 @@ fn format_decoders(dir: &Path) {
             aux: 0,
             payload_crc: crc,
             chunk_sectors: 4,
+            block: false,
             form: HeaderForm::Short,
         };
         let mut b = vec![0u8; h.header_len()];
@@ -283,7 +285,7 @@ fn format_decoders(dir: &Path) {
         b.extend_from_slice(&payload);
         put(dir, "record-chunked-raw", &with_mode(0, &b));
     }
-    // A Link record (format 6): 40 client sectors to hidden addresses.
+    // A Link record (format 7): 40 client sectors to hidden addresses.
     {
         let h = RecordHeader {
             kind: RecordKind::Link,
@@ -296,11 +298,40 @@ fn format_decoders(dir: &Path) {
             aux: squeeze_format::SHARED_BASE + 77,
             payload_crc: 0,
             chunk_sectors: 0,
+            block: false,
             form: HeaderForm::Full,
         };
         let mut b = vec![0u8; h.header_len()];
         h.encode(&mut b);
         put(dir, "record-link", &with_mode(0, &b));
+    }
+    // A block payload (format 6): a WAL commit's sector as zstd's block.
+    {
+        let mut sector = text(128, 5);
+        sector.resize(4096, 0);
+        let mut body = Vec::new();
+        let made = new_compressor(Algorithm::parse("zstd:3").unwrap())
+            .compress_block(&sector, &mut body, 4095)
+            .unwrap();
+        assert!(matches!(made, squeeze_codec::BlockOutcome::Body(_)));
+        let h = RecordHeader {
+            kind: RecordKind::Extent,
+            codec: CodecId::Zstd,
+            seq: 42,
+            uuid: UUID,
+            lba: 1000,
+            sectors: 1,
+            stored_len: body.len() as u32,
+            aux: 0,
+            payload_crc: crc32c(&body),
+            chunk_sectors: 0,
+            block: true,
+            form: HeaderForm::Short,
+        };
+        let mut b = vec![0u8; h.header_len()];
+        h.encode(&mut b);
+        b.extend_from_slice(&body);
+        put(dir, "record-block", &with_mode(0, &b));
     }
     put(
         dir,
@@ -359,6 +390,19 @@ fn codec_decompress(dir: &Path) {
             b.extend_from_slice(&compressed(codec, data));
             put(dir, &format!("{}-{name}", codec.name()), &b);
         }
+    }
+    // Block payloads (format 6): a commit-like sector, and text.
+    let mut commit = text(128, 6);
+    commit.resize(4096, 0);
+    for (name, data) in [("commit4k", commit), ("text8k", text(8192, 7))] {
+        let mut body = Vec::new();
+        let made = new_compressor(Algorithm::parse("zstd:3").unwrap())
+            .compress_block(&data, &mut body, usize::MAX)
+            .unwrap();
+        assert!(matches!(made, squeeze_codec::BlockOutcome::Body(_)));
+        let mut b = (data.len() as u32).to_le_bytes()[..3].to_vec();
+        b.extend_from_slice(&body);
+        put(dir, &format!("block-{name}"), &b);
     }
 }
 

@@ -235,9 +235,12 @@ fn write_piece(inner: &Inner, clean: bool, force_base: bool) -> Result<()> {
         debug_assert_eq!(sb.generation, generation);
     }
     // The superblock says this build's format, durably: records may have
-    // short headers from now on.
+    // short headers and block payloads from now on.
     inner
         .short_records
+        .store(true, std::sync::atomic::Ordering::Release);
+    inner
+        .block_payloads
         .store(true, std::sync::atomic::Ordering::Release);
     // The map's chunks are in the chain now: those that did not change
     // since may page out.

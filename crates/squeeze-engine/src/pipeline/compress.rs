@@ -42,6 +42,8 @@ pub enum Payload {
         crc: Option<u32>,
         /// 0: one frame; else the sectors of each chunk.
         chunk_sectors: u32,
+        /// A block payload (format 6, `squeeze_format::zstd_block`).
+        block: bool,
     },
 }
 
@@ -61,6 +63,8 @@ pub struct Stored<'a> {
     pub codec: CodecId,
     /// 0: one frame; else the sectors of each chunk.
     pub chunk_sectors: u32,
+    /// A block payload (format 6, `squeeze_format::zstd_block`).
+    pub block: bool,
     pub table: &'a [u8],
     pub body: &'a [u8],
 }
@@ -101,6 +105,8 @@ pub enum Item {
         payload: Vec<u8>,
         /// 0: one frame; else the sectors of each chunk.
         chunk_sectors: u32,
+        /// A block payload (format 6, `squeeze_format::zstd_block`).
+        block: bool,
         /// The payload's CRC when known (the moved record's, checked; a
         /// chunked payload's table CRC).
         crc: Option<u32>,
@@ -122,9 +128,10 @@ pub enum Item {
 impl Item {
     /// The payload its record carries (empty for a zero item).
     pub fn payload<'a>(&'a self, buf: &'a [u8]) -> Stored<'a> {
-        let whole = |codec, chunk_sectors, body| Stored {
+        let whole = |codec, chunk_sectors, block, body| Stored {
             codec,
             chunk_sectors,
+            block,
             table: &[],
             body,
         };
@@ -136,6 +143,7 @@ impl Item {
             } => Stored {
                 codec: CodecId::None,
                 chunk_sectors: chunks.as_ref().map_or(0, |c| c.sectors),
+                block: false,
                 table: chunks.as_ref().map_or(&[][..], |c| &c.table),
                 body: &buf[*start..*start + *sectors as usize * SECTOR_SIZE],
             },
@@ -145,17 +153,19 @@ impl Item {
                         codec,
                         data,
                         chunk_sectors,
+                        block,
                         ..
                     },
                 ..
-            } => whole(*codec, *chunk_sectors, data),
+            } => whole(*codec, *chunk_sectors, *block, data),
             Item::Moved {
                 codec,
                 payload,
                 chunk_sectors,
+                block,
                 ..
-            } => whole(*codec, *chunk_sectors, payload),
-            Item::Zero { .. } | Item::Link { .. } => whole(CodecId::None, 0, &[]),
+            } => whole(*codec, *chunk_sectors, *block, payload),
+            Item::Zero { .. } | Item::Link { .. } => whole(CodecId::None, 0, false, &[]),
         }
     }
 
@@ -179,8 +189,9 @@ impl Item {
 
 /// Encodes the pieces of `buf` with `alg`: the policy's target, or for
 /// client writes under load a rung of the ladder under it
-/// ([`ActivePolicy::write_algorithm`]). Returns the items and the CPU
-/// nanoseconds the codec spent.
+/// ([`ActivePolicy::write_algorithm`]); `blocks`: small zstd frames may
+/// become block payloads (the volume is in format 6). Returns the items and
+/// the CPU nanoseconds the codec spent.
 ///
 /// The engine's jobs need an owned input: `shared`, when given, is a buffer
 /// that `buf` is the bytes `base..base + buf.len()` of, handed to the jobs
@@ -199,7 +210,7 @@ impl Item {
 pub fn encode(
     engine: &dyn CompressEngine,
     policy: &ActivePolicy,
-    alg: Algorithm,
+    (alg, blocks): (Algorithm, bool),
     hint: Hint,
     buf: &[u8],
     shared: Option<(&Arc<Vec<u8>>, usize)>,
@@ -207,7 +218,7 @@ pub fn encode(
 ) -> (Vec<Item>, u64) {
     let below_target = alg != policy.algorithm;
     let chunk_sectors = policy.policy.read_chunk_sectors();
-    let (mut items, jobs, job_items) = prepare(policy, hint, buf, shared, pieces);
+    let (mut items, jobs, job_items) = prepare(policy, hint, buf, shared, pieces, blocks);
     let (mut items, cpu_ns) = if alg.codec == CodecId::None {
         // The bottom rung: what the target would have compressed goes raw.
         for &i in &job_items {
@@ -278,6 +289,7 @@ fn prepare(
     buf: &[u8],
     shared: Option<(&Arc<Vec<u8>>, usize)>,
     pieces: &[Piece],
+    blocks: bool,
 ) -> (Vec<Item>, Vec<Job>, Vec<usize>) {
     debug_assert!(shared.is_none_or(|(a, base)| a.get(base..base + buf.len()) == Some(buf)));
     let mut items = Vec::with_capacity(pieces.len());
@@ -312,6 +324,7 @@ fn prepare(
                         checksum: true,
                         // Blobs of more than one chunk are chunked.
                         chunk_bytes: if len > chunk { chunk } else { 0 },
+                        block: blocks,
                     });
                     job_items.push(items.len());
                 }
@@ -367,6 +380,7 @@ fn collect(
                     } else {
                         0
                     },
+                    block: r.block,
                 };
                 *outcome = Outcome::Compressed;
             }

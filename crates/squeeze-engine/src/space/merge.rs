@@ -46,6 +46,7 @@ use crate::read;
 use crate::space::make_room::append_making_room;
 use crate::state::Inner;
 use squeeze_format::{CodecId, CompressionMode, MapEntry, SECTOR_SIZE};
+use std::sync::atomic::Ordering;
 
 /// A window is merged once at least this share of its mapped sectors lies
 /// in small records.
@@ -259,10 +260,11 @@ fn merge_span(
         return Ok(rep);
     }
     // Idle work: always the target, never a rung under it.
+    let blocks = inner.block_payloads.load(Ordering::Acquire);
     let (items, cpu_ns) = encode(
         &*inner.engine,
         policy,
-        policy.algorithm,
+        (policy.algorithm, blocks),
         Hint::None,
         &buf,
         None,

@@ -32,6 +32,7 @@ use squeeze_format::{
     record::verify_payload, CodecId, Policy, RecordScan, ScannedRecord, Stride, MAX_RECORD_BYTES,
     RECORD_ALIGN, SECTOR_SIZE,
 };
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Relocated payload bytes per log append (bounds the memory of a pass).
@@ -283,6 +284,7 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
                 codec: h.codec,
                 payload: payload.to_vec(),
                 chunk_sectors: h.chunk_sectors,
+                block: h.block,
                 // Checked above: the copy carries the same CRC.
                 crc: Some(h.payload_crc),
                 from: rec_abs,
@@ -383,10 +385,11 @@ fn flush_items(
             .collect();
         // Shared with the engine's jobs as it is (no copy for them either).
         let buf = Arc::new(std::mem::take(raw));
+        let blocks = inner.block_payloads.load(Ordering::Acquire);
         let (encoded, cpu_ns) = encode(
             &*inner.engine,
             &policy,
-            policy.algorithm,
+            (policy.algorithm, blocks),
             Hint::None,
             &buf,
             Some((&buf, 0)),
@@ -399,13 +402,14 @@ fn flush_items(
             };
             let recompressed =
                 matches!(payload, Payload::Compressed { .. }) && recompress.is_some();
-            let (codec, payload, chunk_sectors, crc) = match payload {
+            let (codec, payload, chunk_sectors, block, crc) = match payload {
                 Payload::Compressed {
                     codec,
                     data,
                     crc,
                     chunk_sectors,
-                } => (codec, data, chunk_sectors, crc),
+                    block,
+                } => (codec, data, chunk_sectors, block, crc),
                 Payload::Raw { start, chunks } => {
                     let len = r.sectors as usize * SECTOR_SIZE;
                     let raw = &buf[start..start + len];
@@ -414,9 +418,10 @@ fn flush_items(
                             CodecId::None,
                             [&c.table[..], raw].concat(),
                             c.sectors,
+                            false,
                             Some(c.crc),
                         ),
-                        None => (CodecId::None, raw.to_vec(), 0, None),
+                        None => (CodecId::None, raw.to_vec(), 0, false, None),
                     }
                 }
             };
@@ -430,6 +435,7 @@ fn flush_items(
                 codec,
                 payload,
                 chunk_sectors,
+                block,
                 crc,
                 from: r.from,
                 recompressed,
