@@ -19,6 +19,9 @@
 //! - tests/fixtures/format-v5.sqz (format 5: chunked payloads, 32 KiB
 //!   chunks, no block payloads): the same recipe, written by the build at
 //!   0a2e4d9.
+//! - tests/fixtures/format-v6.sqz (format 6: block payloads possible, no
+//!   Link records or indirect map entries): the same recipe, written by
+//!   the build at 54bac49.
 //!
 //! Any change to the on-disk format must keep these passing (or bump the
 //! version and add a migration, with a new fixture). The map pages out to
@@ -119,6 +122,11 @@ fn a_version_5_volume_opens_checks_and_reads_back() {
     opens_checks_reads_back_and_upgrades("format-v5.sqz", 5, "zstd:3");
 }
 
+#[test]
+fn a_version_6_volume_opens_checks_and_reads_back() {
+    opens_checks_reads_back_and_upgrades("format-v6.sqz", 6, "zstd:3");
+}
+
 /// A version 5 volume deduplicates once its superblock says version 7:
 /// `compact --dedup` checkpoints first, then links, and it reads back
 /// and checks clean, with the copies shared.
@@ -152,6 +160,8 @@ fn a_version_5_volume_deduplicates_after_its_upgrade() {
     let o = squeeze(&["stats", v, "--json"]);
     let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(st["dedup_references"], 2 * 63, "{st:#}");
+}
+
 /// Sectors like a sparse write-ahead log's commits: 128 bytes (half random,
 /// half a repeat of them), then zeros.
 fn commit_sectors(n: usize) -> Vec<u8> {

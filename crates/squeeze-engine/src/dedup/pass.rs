@@ -228,10 +228,15 @@ fn promote(
         sectors: k as u32,
         start: 0,
     }];
+    // Block payloads once the superblock allows them (format 6), as the
+    // merger does.
+    let blocks = inner
+        .block_payloads
+        .load(std::sync::atomic::Ordering::Acquire);
     let (blob, cpu_ns) = encode(
         &*inner.engine,
         policy,
-        policy.algorithm,
+        (policy.algorithm, blocks),
         Hint::None,
         run,
         None,
