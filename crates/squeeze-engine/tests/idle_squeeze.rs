@@ -3,7 +3,9 @@
 //! at the target is rewritten with it, one sealed segment per pass (by the
 //! maintenance thread once clients are idle), in chunks as it was written,
 //! without changing a byte clients read; what it wrote is not squeezed
-//! again; a policy without an idle level squeezes nothing.
+//! again; the upgrade of what the adaptive codec wrote below the target
+//! goes straight to the idle level; a policy without an idle level
+//! squeezes nothing.
 
 mod common;
 use common::*;
@@ -164,6 +166,37 @@ fn the_maintenance_thread_squeezes_once_clients_are_idle() {
     check_reads(&v, &model);
     v.close().unwrap();
     let v = reopen(&s);
+    check_reads(&v, &model);
+    v.verify_accounting().unwrap();
+}
+
+#[test]
+fn the_upgrade_writes_straight_at_the_idle_level() {
+    let s = create(squeezing_policy());
+    // Every batch below the target (zstd:1, then lz4): see tests/upgrade.rs.
+    let v = Volume::open(s.clone(), behind_options()).unwrap();
+    let model = fill(&v, 8 * MIB);
+    assert!(v.stats().below_target_bytes >= 7 * MIB as u64);
+    let mut passes = 0;
+    while v.upgrade_pass().unwrap().is_some() {
+        passes += 1;
+        assert!(passes < 100, "the upgrade never ends");
+    }
+    let upgraded = v.stats();
+    assert!(upgraded.upgraded_bytes >= 7 * MIB as u64, "{upgraded:?}");
+    // Left to squeeze: the head segment's client bytes and the segments
+    // they share with the upgrade's output, not the upgraded bytes again.
+    while v.squeeze_pass().unwrap().is_some() {
+        passes += 1;
+        assert!(passes < 200, "the squeeze never ends");
+    }
+    let after = v.stats();
+    assert!(
+        after.squeezed_bytes <= 4 * MIB as u64,
+        "squeezed {} after upgrading {}",
+        after.squeezed_bytes,
+        upgraded.upgraded_bytes
+    );
     check_reads(&v, &model);
     v.verify_accounting().unwrap();
 }

@@ -51,7 +51,8 @@ pub(crate) enum Rewrite {
     /// live ones recompressed.
     Clean,
     /// The upgrade of bytes written below the target: every live record is
-    /// recompressed with the target (`all`: the segment is known to hold
+    /// recompressed with the target, or the policy's idle level where it
+    /// has one (`ActivePolicy::idle_algorithm`) (`all`: the segment is known to hold
     /// below-target bytes, whose level the record header does not name), or
     /// only records of a codec below the target's (`!all`: after a reopen,
     /// from what the headers say; a segment without such a record is left
@@ -204,7 +205,9 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
     let mut buf = Vec::new();
     let policy = inner.policy.read().clone();
     let recompress = match mode {
-        Rewrite::Upgrade { .. } => Some(policy.algorithm),
+        // Straight to the idle level where there is one: one rewrite, not
+        // the target's and then the squeeze's.
+        Rewrite::Upgrade { .. } => Some(policy.idle_algorithm().unwrap_or(policy.algorithm)),
         Rewrite::Squeeze => match policy.idle_algorithm() {
             Some(a) => Some(a),
             None => return Ok(CleanReport::default()),
@@ -388,6 +391,9 @@ fn flush_items(
     rep: &mut CleanReport,
 ) -> Result<()> {
     if !runs.is_empty() {
+        // Output at the idle level is squeezed (before `policy` is the
+        // recompress algorithm's).
+        let squeezed = recompress.is_some() && recompress == policy.idle_algorithm();
         let policy = match recompress {
             Some(a) => ActivePolicy::new(Policy {
                 codec: a.codec,
@@ -463,7 +469,7 @@ fn flush_items(
                 // Compressed again with the target (or the recompress
                 // algorithm), or raw because it does not compress.
                 below_target: false,
-                unsqueezed: compressed && mode != Rewrite::Squeeze,
+                unsqueezed: compressed && !squeezed,
             });
         }
     }
