@@ -57,6 +57,13 @@ fn check_reads(v: &Volume, model: &[u8]) {
 }
 
 #[test]
+fn new_volumes_squeeze_to_zstd_9_when_idle() {
+    let s = create(default_policy());
+    let v = Volume::open(s, OpenOptions::default()).unwrap();
+    assert_eq!(v.stats().idle_algorithm, "zstd:9");
+}
+
+#[test]
 fn squeeze_passes_rewrite_target_data_with_the_idle_level_once() {
     let s = create(squeezing_policy());
     let v = Volume::open(s.clone(), OpenOptions::default()).unwrap();
@@ -124,12 +131,16 @@ fn squeeze_passes_rewrite_target_data_with_the_idle_level_once() {
 
 #[test]
 fn a_policy_without_an_idle_level_squeezes_nothing() {
+    let mut off = default_policy();
+    off.recompress_codec = CodecId::None;
+    off.recompress_level = 0;
     let mut other_codec = default_policy();
     other_codec.recompress_codec = CodecId::Lz4;
+    other_codec.recompress_level = 0;
     let mut same_level = default_policy();
     same_level.recompress_codec = CodecId::Zstd;
     same_level.recompress_level = 3;
-    for p in [default_policy(), other_codec, same_level] {
+    for p in [off, other_codec, same_level] {
         let s = create(p);
         let v = Volume::open(s.clone(), OpenOptions::default()).unwrap();
         fill(&v, 4 * MIB);
