@@ -58,9 +58,11 @@ counters! {
     LostFlushedRecords = 38, "Flushed log records recovery found missing and whose loss was accepted at open (--accept-loss).";
     BurstRawBytes = 39, "Raw bytes of client blobs stored raw by the adaptive codec's raw rung (cores saturated, room to hold them; pipeline::burst).";
     BurstRawUpgradedBytes = 40, "Of those, raw bytes in segments the upgrade rewrote with the policy's codec.";
+    SqueezedBytes = 41, "Raw bytes the idle squeeze rewrote with the policy's idle level (space::squeeze).";
+    SqueezeNs = 42, "Wall-clock nanoseconds the idle squeeze spent.";
 }
 
-pub const COUNTERS: usize = 41;
+pub const COUNTERS: usize = 43;
 
 pub struct Counters {
     v: [AtomicU64; COUNTERS],
