@@ -10,7 +10,10 @@
 #
 #   flock /tmp/bench.lock bench/w3ab-floor.sh BIN [BEFORE]
 #
-# Env: REPS (5), TAR (/var/tmp/fc/w3.tar), SCR (/var/tmp/fc), IDLE (1), IDLE_S.
+# The idle lines also give the idle squeeze's work (squeezed and still unsqueezed bytes, seconds).
+# Env: REPS (5), TAR (/var/tmp/fc/w3.tar), SCR (/var/tmp/fc), IDLE (1), IDLE_S,
+#      PEERS (default "raw sq sq-lz4", plus "before" with BEFORE), SQ_ARGS (extra `serve` options
+#      of every squeeze peer, e.g. "--read-chunk 16K --recompress zstd:9").
 # Output: one line per copy on stdout; run it under the bench lock (bench/README.md).
 set -euo pipefail
 BIN=$1
@@ -23,8 +26,9 @@ TAR_B=$(stat -c %s "$TAR")
 IDLE_S=${IDLE_S:-$(((TAR_B * 60 + 999999999) / 1000000000))}
 OPTS=(--flush -S 0 -C 1 -T 1 --request-size=1048576 -R 16)
 cat "$TAR" >/dev/null
-PEERS="raw sq sq-lz4${BEFORE:+ before}"
-echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) cores; tar $TAR_B bytes; bin $BIN; before ${BEFORE:-none}"
+PEERS=${PEERS:-raw sq sq-lz4${BEFORE:+ before}}
+read -r -a SQ_EXTRA <<<"${SQ_ARGS:-}"
+echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) cores; tar $TAR_B bytes; bin $BIN; before ${BEFORE:-none}; squeeze args ${SQ_ARGS:-none}"
 echo "peer rep seconds MB/s server_cpu_s cpu_s_per_GB du_ratio detail"
 
 cpu_of() { awk '{print ($14+$15)/100}' "/proc/$1/stat"; }
@@ -35,9 +39,9 @@ for ((rep = 1; rep <= REPS; rep++)); do
     case $peer in
       raw) truncate -s 3G "$d/img.raw"
            qemu-nbd -t -k "$d/nbd.sock" --cache=none --aio=native -f raw "$d/img.raw" >"$d/log" 2>&1 & ;;
-      sq) "$BIN" serve --socket "$d/nbd.sock" --control "$d/ctl" --size 64G "$d/vol.sqz" >"$d/log" 2>&1 & ;;
-      sq-lz4) "$BIN" serve --socket "$d/nbd.sock" --control "$d/ctl" --size 64G --burst-floor lz4 "$d/vol.sqz" >"$d/log" 2>&1 & ;;
-      before) "$BEFORE" serve --socket "$d/nbd.sock" --control "$d/ctl" --size 64G "$d/vol.sqz" >"$d/log" 2>&1 & ;;
+      sq) "$BIN" serve --socket "$d/nbd.sock" --control "$d/ctl" --size 64G "${SQ_EXTRA[@]}" "$d/vol.sqz" >"$d/log" 2>&1 & ;;
+      sq-lz4) "$BIN" serve --socket "$d/nbd.sock" --control "$d/ctl" --size 64G --burst-floor lz4 "${SQ_EXTRA[@]}" "$d/vol.sqz" >"$d/log" 2>&1 & ;;
+      before) "$BEFORE" serve --socket "$d/nbd.sock" --control "$d/ctl" --size 64G "${SQ_EXTRA[@]}" "$d/vol.sqz" >"$d/log" 2>&1 & ;;
     esac
     pid=$!
     for ((i = 0; i < 200; i++)); do
@@ -76,7 +80,7 @@ print("%s %s %.2f %.0f %.2f %.2f %.3f %s" % (peer, rep, s, n/s/1e6, cpu, cpu/(n/
 import json,sys
 peer,t,n,du,f=sys.argv[1:6]
 s=next(iter(json.load(open(f)).values()))
-print("  idle %s t=%ss du_ratio %.3f live %.3f pending %d upgraded %d raw_pending %d raw_upgraded %d upgrade_s %.1f" % (peer, t, int(n)/int(du), s.get("compression_ratio",0), s.get("below_target_pending_bytes",0), s.get("upgraded_bytes",0), s.get("burst_raw_pending_bytes",0), s.get("burst_raw_upgraded_bytes",0), s.get("upgrade_seconds",0)), flush=True)
+print("  idle %s t=%ss du_ratio %.3f live %.3f pending %d upgraded %d raw_pending %d raw_upgraded %d upgrade_s %.1f squeezed %d unsqueezed %d squeeze_s %.1f" % (peer, t, int(n)/int(du), s.get("compression_ratio",0), s.get("below_target_pending_bytes",0), s.get("upgraded_bytes",0), s.get("burst_raw_pending_bytes",0), s.get("burst_raw_upgraded_bytes",0), s.get("upgrade_seconds",0), s.get("squeezed_bytes",0), s.get("unsqueezed_pending_bytes",0), s.get("squeeze_seconds",0)), flush=True)
 ' "$peer" "$t" "$TAR_B" "$du" "$d/stats.json"
       done
       unset last

@@ -31,7 +31,11 @@ pub struct PolicyArgs {
     /// compression_max_blob_size: writes are cut into blobs of at most this.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_blob: Option<u64>,
-    /// Algorithm the cleaner recompresses cold extents with (none = off).
+    /// Cold data's algorithm (none = off). The algorithm's codec at another
+    /// level (zstd:9 over zstd:3): the idle squeeze rewrites what clients
+    /// wrote with it while they are idle, in chunks as written (frames of
+    /// zstd:9 decode as fast as zstd:3's). Another codec: the cleaner
+    /// recompresses the extents it moves with it.
     #[arg(long, value_name = "ALG[:LEVEL]")]
     pub recompress: Option<String>,
     /// Blobs larger than this are stored as independent chunks of this

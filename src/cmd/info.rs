@@ -117,9 +117,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
     outln!("required ratio  {}", f64::from(p.required_ratio_ppm) / 1e6);
     outln!("min blob size   {}", human(u64::from(p.min_blob)));
     outln!("max blob size   {}", human(u64::from(p.max_blob)));
+    let idle = p.recompress_codec == p.codec
+        && p.recompress_codec != squeeze_format::CodecId::None
+        && p.recompress_level != p.level;
     outln!(
-        "recompress      {}",
-        alg_name(p.recompress_codec, p.recompress_level)
+        "recompress      {}{}",
+        alg_name(p.recompress_codec, p.recompress_level),
+        if idle { " (idle squeeze)" } else { "" }
     );
     if p.read_chunk == 0 {
         outln!("read chunk      none (one frame a blob)");

@@ -194,6 +194,20 @@ pub(crate) fn append(inner: &Inner, items: &[Item], buf: &[u8], room: Room) -> R
             }
             if let Item::Blob {
                 sectors,
+                outcome: Outcome::Compressed,
+                ..
+            }
+            | Item::Moved {
+                sectors,
+                unsqueezed: true,
+                ..
+            } = &items[i]
+            {
+                st.usage
+                    .note_unsqueezed(p.segment, u64::from(*sectors) * SECTOR);
+            }
+            if let Item::Blob {
+                sectors,
                 outcome: Outcome::Deferred,
                 ..
             } = &items[i]

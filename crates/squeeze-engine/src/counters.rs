@@ -58,11 +58,13 @@ counters! {
     LostFlushedRecords = 38, "Flushed log records recovery found missing and whose loss was accepted at open (--accept-loss).";
     BurstRawBytes = 39, "Raw bytes of client blobs stored raw by the adaptive codec's raw rung (cores saturated, room to hold them; pipeline::burst).";
     BurstRawUpgradedBytes = 40, "Of those, raw bytes in segments the upgrade rewrote with the policy's codec.";
-    DedupLinkedSectors = 41, "Client sectors deduplicated: linked to a hidden address (Link records), over the volume's life.";
-    DedupSharedWrites = 42, "Sectors written at hidden addresses: the one copy of content that several client sectors share.";
+    SqueezedBytes = 41, "Raw bytes the idle squeeze rewrote with the policy's idle level (space::squeeze).";
+    SqueezeNs = 42, "Wall-clock nanoseconds the idle squeeze spent.";
+    DedupLinkedSectors = 43, "Client sectors deduplicated: linked to a hidden address (Link records), over the volume's life.";
+    DedupSharedWrites = 44, "Sectors written at hidden addresses: the one copy of content that several client sectors share.";
 }
 
-pub const COUNTERS: usize = 43;
+pub const COUNTERS: usize = 45;
 
 pub struct Counters {
     v: [AtomicU64; COUNTERS],

@@ -1,7 +1,9 @@
 //! The maintenance thread (`sqz-maintenance`): while clients write, one
 //! cleaner victim at a time with a rest as long as it took; once they have
 //! been idle for IDLE_AFTER, merging, upgrading (rewriting with the target
-//! codec what the adaptive codec wrote below it) and cleaning without
+//! codec what the adaptive codec wrote below it), squeezing (rewriting with
+//! the policy's idle level what was written at the target: `space::squeeze`)
+//! and cleaning without
 //! pause, one bounded step at a time; a checkpoint every CHECKPOINT_LOG_BYTES of log
 //! or when dead segments wait to be freed (RECLAIM_BATCH of them while
 //! clients write, any when idle or short of free segments).
@@ -118,6 +120,12 @@ fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
         Ok(Some(_)) => return true,
         Ok(None) => {}
         Err(e) => tracing::info!("upgrade stopped: {e}"),
+    }
+    // Then what was written at the target: rewritten with the idle level.
+    match crate::space::squeeze::squeeze_pass(inner) {
+        Ok(Some(_)) => return true,
+        Ok(None) => {}
+        Err(e) => tracing::info!("squeeze stopped: {e}"),
     }
     match cleaner::idle_pass(inner) {
         Ok(Some(rep)) => {

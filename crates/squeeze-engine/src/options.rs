@@ -36,6 +36,8 @@ impl CreateOptions {
 /// 2.57:1; on fio's data zstd:3 costs zstd:1's time (both ~850 MB/s per
 /// core), on real files a third more CPU; 128 KiB blobs cost 4 KiB random
 /// reads a quarter of their IOPS (66.5k -> 49.3k, raw qemu-nbd ~45k).
+/// Data written is squeezed to zstd:9 when clients are idle
+/// ([`DEFAULT_IDLE_LEVEL`]).
 pub fn default_policy() -> Policy {
     Policy {
         codec: CodecId::Zstd,
@@ -44,8 +46,8 @@ pub fn default_policy() -> Policy {
         required_ratio_ppm: 875_000,
         min_blob: 4096,
         max_blob: 128 << 10,
-        recompress_codec: CodecId::None,
-        recompress_level: 0,
+        recompress_codec: CodecId::Zstd,
+        recompress_level: DEFAULT_IDLE_LEVEL,
         read_chunk: DEFAULT_READ_CHUNK,
     }
 }
@@ -58,6 +60,16 @@ pub fn default_policy() -> Policy {
 /// frame per 128 KiB blob, and a 4 KiB read's CRC and decode cost a third;
 /// on the W3 tar of real files 2.85% more bytes, and a quarter.
 pub const DEFAULT_READ_CHUNK: u32 = 32 << 10;
+
+/// The default idle level (`Policy::recompress_level` with the target's
+/// codec: `space::squeeze`): what clients wrote at zstd:3 is rewritten at
+/// zstd:9 while they are idle. Measured on the W3 tar of real files
+/// (docs/benchmarks.md, "W3 after idle"): 32 KiB chunks store 0.967x what
+/// zstd:3 alone stores in one frame a 128 KiB blob, and 1.006x once
+/// squeezed at zstd:9, whose 4 KiB reads cost no more CPU (zstd decodes
+/// level 9 as fast as 3); level 9 compresses about a fifth as fast as 3
+/// (`examples/chunk_ratio`), the idle CPU it costs.
+pub const DEFAULT_IDLE_LEVEL: i32 = 9;
 
 /// How to open a volume.
 #[derive(Clone, Default)]

@@ -162,6 +162,23 @@ pub struct VolumeStats {
     /// Wall-clock seconds the upgrade spent.
     #[serde(default)]
     pub upgrade_seconds: f64,
+    /// The idle squeeze's algorithm ("" when the policy has none):
+    /// compressed data written at the target is rewritten with it while
+    /// clients are idle (`space::squeeze`).
+    #[serde(default)]
+    pub idle_algorithm: String,
+    /// Raw bytes the idle squeeze rewrote with it, since the volume was
+    /// created.
+    #[serde(default)]
+    pub squeezed_bytes: u64,
+    /// Raw bytes of compressed data in sealed and head segments the squeeze
+    /// has still to rewrite (an upper bound; in memory only, 0 after a
+    /// reopen; 0 without an idle algorithm).
+    #[serde(default)]
+    pub unsqueezed_pending_bytes: u64,
+    /// Wall-clock seconds the idle squeeze spent.
+    #[serde(default)]
+    pub squeeze_seconds: f64,
     /// Of `below_target_bytes`, raw bytes the adaptive codec stored raw
     /// because the cores were saturated even at lz4 and the volume had
     /// room for them (`pipeline::burst`), since the volume was created.
@@ -256,6 +273,11 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
             st.map.chunk_count() as u64,
             st.map.paged_count() as u64,
         )
+    };
+    let idle_algorithm = inner.policy.read().idle_algorithm();
+    let unsqueezed_pending = match idle_algorithm {
+        Some(_) => inner.state.read().usage.unsqueezed_total(),
+        None => 0,
     };
     let (write_algorithm, write_algorithm_why, cpu_busy, burst_floor, room_open) = {
         let p = inner.policy.read();
@@ -374,6 +396,10 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         burst_floor,
         burst_raw_room_open: room_open,
         upgrade_seconds: c.get(Counter::UpgradeNs) as f64 / 1e9,
+        idle_algorithm: idle_algorithm.map(|a| a.to_string()).unwrap_or_default(),
+        squeezed_bytes: c.get(Counter::SqueezedBytes),
+        unsqueezed_pending_bytes: unsqueezed_pending,
+        squeeze_seconds: c.get(Counter::SqueezeNs) as f64 / 1e9,
         write_algorithm,
         write_algorithm_why,
         cpu_busy,

@@ -700,6 +700,16 @@ impl Volume {
         crate::space::upgrade::upgrade_pass(&self.inner)
     }
 
+    /// Runs one step of the idle squeeze (compressed data written at the
+    /// target is rewritten with the policy's idle level; the maintenance
+    /// thread does this while clients are idle, after the upgrade): at most
+    /// one segment. None without an idle level or such bytes in a sealed
+    /// segment. See [`crate::space::squeeze`].
+    pub fn squeeze_pass(&self) -> Result<Option<CleanReport>> {
+        self.inner.writable()?;
+        crate::space::squeeze::squeeze_pass(&self.inner)
+    }
+
     /// Rewrites every fragmented window (scattered small records) as whole
     /// blobs with the current policy; see [`crate::space::merge`]. The
     /// records it replaces become garbage for [`Volume::compact`].

@@ -115,6 +115,10 @@ pub enum Item {
         /// Copied as it was from a segment that holds bytes written below
         /// the target: the upgrade may still have to rewrite it.
         below_target: bool,
+        /// Compressed, and not with the policy's idle level (or copied as
+        /// it was from a segment with such bytes): the idle squeeze
+        /// (`space::squeeze`) may still rewrite it.
+        unsqueezed: bool,
     },
     /// Deduplication: client sectors `lba..lba + sectors` share hidden
     /// addresses from `target` (a Link record, no payload).

@@ -78,6 +78,20 @@ impl ActivePolicy {
         }
     }
 
+    /// The idle squeeze's algorithm: the policy's recompress algorithm when
+    /// it is the target's codec at another level (zstd:9 over zstd:3).
+    /// Client data is then written with the target and rewritten with this
+    /// while clients are idle (`space::squeeze`); the busy cleaner does
+    /// not use it. A recompress algorithm of another codec is the
+    /// cleaner's instead (`space::relocate`).
+    pub fn idle_algorithm(&self) -> Option<Algorithm> {
+        let p = &self.policy;
+        (p.recompress_codec != squeeze_format::CodecId::None
+            && p.recompress_codec == p.codec
+            && p.recompress_level != p.level)
+            .then(|| Algorithm::new(p.recompress_codec, p.recompress_level))
+    }
+
     pub fn max_blob_sectors(&self) -> u32 {
         self.policy.max_blob / squeeze_format::SECTOR_SIZE as u32
     }

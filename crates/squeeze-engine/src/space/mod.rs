@@ -16,6 +16,12 @@
 //!   rung stored raw (`pipeline::burst`), cleared with it; kept in memory
 //!   only (a reopened volume counts it 0: its below_target note still
 //!   sends the upgrade there). `burst_raw_total` is their sum.
+//! - unsqueezed of a segment = raw bytes of the compressed blobs appended to
+//!   it (client writes, merges, the upgrade's output, the cleaner's copies
+//!   out of a segment with such bytes) since it last held no live sector:
+//!   what the idle squeeze (`space::squeeze`) may rewrite with the policy's
+//!   idle level. Kept in memory only: a reopened volume counts it 0, and
+//!   what was written before the reopen keeps the level it was written at.
 //! - A segment is reused only after a durable checkpoint no longer needs it:
 //!   it held no live sector in that checkpoint's snapshot and every record in
 //!   it precedes the checkpoint's replay position (so neither the checkpoint
@@ -29,6 +35,7 @@ pub mod merge;
 pub mod prewrite;
 pub mod relocate;
 pub(crate) mod shared;
+pub(crate) mod squeeze;
 pub(crate) mod upgrade;
 pub(crate) mod victim;
 
@@ -161,6 +168,10 @@ pub struct Usage {
     /// Of those, bytes stored raw by the raw rung, and their sum.
     burst_raw: Vec<u64>,
     burst_raw_total: u64,
+    /// Raw bytes not yet squeezed per segment, and their sum (see the
+    /// module).
+    unsqueezed: Vec<u64>,
+    unsqueezed_total: u64,
 }
 
 impl Usage {
@@ -202,6 +213,7 @@ impl Usage {
         self.live_bytes -= bytes;
         if u.live_sectors == 0 {
             self.clear_below_target(s);
+            self.clear_unsqueezed(s);
         }
     }
 
@@ -213,7 +225,36 @@ impl Usage {
         self.live_bytes -= e.stored_share();
         if u.live_sectors == 0 {
             self.clear_below_target(s);
+            self.clear_unsqueezed(s);
         }
+    }
+
+    /// `raw` bytes of a compressed blob just mapped into `s` are not
+    /// squeezed yet.
+    pub fn note_unsqueezed(&mut self, s: SegmentId, raw: u64) {
+        if self.unsqueezed.len() <= s as usize {
+            self.unsqueezed.resize(s as usize + 1, 0);
+        }
+        self.unsqueezed[s as usize] += raw;
+        self.unsqueezed_total += raw;
+    }
+
+    /// Forgets the unsqueezed bytes of `s` (the squeeze rewrote what it
+    /// could of it, or nothing live is left there).
+    pub fn clear_unsqueezed(&mut self, s: SegmentId) {
+        if let Some(b) = self.unsqueezed.get_mut(s as usize) {
+            self.unsqueezed_total -= std::mem::take(b);
+        }
+    }
+
+    /// Raw bytes of `s` not squeezed yet (an upper bound: some may be dead).
+    pub fn unsqueezed(&self, s: SegmentId) -> u64 {
+        self.unsqueezed.get(s as usize).copied().unwrap_or(0)
+    }
+
+    /// Sum of [`Usage::unsqueezed`] over all segments.
+    pub fn unsqueezed_total(&self) -> u64 {
+        self.unsqueezed_total
     }
 
     /// `raw` bytes of a blob just mapped into `s` were written below the

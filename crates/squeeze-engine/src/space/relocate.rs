@@ -8,8 +8,9 @@
 //! - a partly live record is decompressed and only its live runs are
 //!   compressed again, so dead sectors inside an extent stop costing space.
 //!
-//! The cleaner (`Rewrite::Clean`) and the upgrade to the target codec
-//! (`Rewrite::Upgrade`) both rewrite a segment here.
+//! The cleaner (`Rewrite::Clean`), the upgrade to the target codec
+//! (`Rewrite::Upgrade`) and the idle squeeze with the policy's idle level
+//! (`Rewrite::Squeeze`) all rewrite a segment here.
 //!
 //! Crash safety: relocations are ordinary log records whose replay applies
 //! only where the map still points at the old record (so a relocation never
@@ -51,13 +52,18 @@ pub(crate) enum Rewrite {
     /// live ones recompressed.
     Clean,
     /// The upgrade of bytes written below the target: every live record is
-    /// recompressed with the target (`all`: the segment is known to hold
+    /// recompressed with the target, or the policy's idle level where it
+    /// has one (`ActivePolicy::idle_algorithm`) (`all`: the segment is known to hold
     /// below-target bytes, whose level the record header does not name), or
     /// only records of a codec below the target's (`!all`: after a reopen,
     /// from what the headers say; a segment without such a record is left
     /// as it is). `keep_others`: the other records stay where they are (the
     /// log's head segment, which is not freed, is upgraded where it is).
     Upgrade { all: bool, keep_others: bool },
+    /// The idle squeeze (`space::squeeze`): every live record is
+    /// recompressed with the policy's idle algorithm
+    /// (`ActivePolicy::idle_algorithm`), and the segment freed.
+    Squeeze,
 }
 
 /// What cleaning did.
@@ -80,6 +86,9 @@ pub struct CleanReport {
     /// windows may be fragmented again (the idle merger looks once more).
     #[serde(default)]
     pub partial_records: u64,
+    /// Raw bytes rewritten with the idle algorithm by the squeeze.
+    #[serde(default)]
+    pub squeezed_bytes: u64,
 }
 
 impl CleanReport {
@@ -93,6 +102,7 @@ impl CleanReport {
         self.corrupt_records += o.corrupt_records;
         self.upgraded_bytes += o.upgraded_bytes;
         self.partial_records += o.partial_records;
+        self.squeezed_bytes += o.squeezed_bytes;
     }
 }
 
@@ -122,11 +132,15 @@ pub(crate) fn rewrite_segment(inner: &Inner, s: SegmentId, mode: Rewrite) -> Res
     match mode {
         Rewrite::Clean => inner.counters.add(Counter::CleanerNs, ns),
         Rewrite::Upgrade { .. } => inner.counters.add(Counter::UpgradeNs, ns),
+        Rewrite::Squeeze => inner.counters.add(Counter::SqueezeNs, ns),
     }
     if let Ok(rep) = &r {
         inner
             .counters
             .add(Counter::UpgradedBytes, rep.upgraded_bytes);
+        inner
+            .counters
+            .add(Counter::SqueezedBytes, rep.squeezed_bytes);
     }
     r
 }
@@ -192,8 +206,18 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
     let mut buf = Vec::new();
     let policy = inner.policy.read().clone();
     let recompress = match mode {
-        Rewrite::Upgrade { .. } => Some(policy.algorithm),
-        Rewrite::Clean => (policy.policy.recompress_codec != CodecId::None).then(|| {
+        // Straight to the idle level where there is one: one rewrite, not
+        // the target's and then the squeeze's.
+        Rewrite::Upgrade { .. } => Some(policy.idle_algorithm().unwrap_or(policy.algorithm)),
+        Rewrite::Squeeze => match policy.idle_algorithm() {
+            Some(a) => Some(a),
+            None => return Ok(CleanReport::default()),
+        },
+        // An idle level is the squeeze's only: the cleaner rewrites with
+        // the target meanwhile (its runs are noted unsqueezed).
+        Rewrite::Clean => (policy.policy.recompress_codec != CodecId::None
+            && policy.idle_algorithm().is_none())
+        .then(|| {
             Algorithm::new(
                 policy.policy.recompress_codec,
                 policy.policy.recompress_level,
@@ -201,8 +225,9 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
         }),
     };
     let victim_below = inner.state.read().usage.below_target(s) > 0;
+    let victim_unsqueezed = inner.state.read().usage.unsqueezed(s) > 0;
     let upgrade_this = |codec: CodecId| match mode {
-        Rewrite::Upgrade { all: true, .. } => true,
+        Rewrite::Upgrade { all: true, .. } | Rewrite::Squeeze => true,
         Rewrite::Upgrade { all: false, .. } => {
             crate::pipeline::adapt::below_target_codec(codec, policy.algorithm)
         }
@@ -274,7 +299,7 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
         }
         let recompress_this = match mode {
             Rewrite::Clean => recompress.is_some_and(|a| a.codec != h.codec),
-            Rewrite::Upgrade { .. } => upgrade_this(h.codec),
+            Rewrite::Upgrade { .. } | Rewrite::Squeeze => upgrade_this(h.codec),
         };
         if live.iter().all(|&l| l) && !recompress_this {
             pending_bytes += payload.len();
@@ -292,6 +317,7 @@ fn clean_segment_inner(inner: &Inner, s: SegmentId, mode: Rewrite) -> Result<Cle
                 // Copied as it is: if its segment held bytes below the
                 // target, it may be one of them (the header names no level).
                 below_target: victim_below && h.codec != CodecId::None,
+                unsqueezed: victim_unsqueezed && h.codec != CodecId::None,
             });
             rep.sectors_moved += u64::from(h.sectors);
         } else {
@@ -367,6 +393,9 @@ fn flush_items(
     rep: &mut CleanReport,
 ) -> Result<()> {
     if !runs.is_empty() {
+        // Output at the idle level is squeezed (before `policy` is the
+        // recompress algorithm's).
+        let squeezed = recompress.is_some() && recompress == policy.idle_algorithm();
         let policy = match recompress {
             Some(a) => ActivePolicy::new(Policy {
                 codec: a.codec,
@@ -426,8 +455,12 @@ fn flush_items(
                 }
             };
             rep.recompressed += u64::from(recompressed);
-            if recompressed && mode != Rewrite::Clean {
-                rep.upgraded_bytes += u64::from(r.sectors) * SECTOR_SIZE as u64;
+            let compressed = codec != CodecId::None;
+            let raw_bytes = u64::from(r.sectors) * SECTOR_SIZE as u64;
+            match mode {
+                Rewrite::Upgrade { .. } if recompressed => rep.upgraded_bytes += raw_bytes,
+                Rewrite::Squeeze if recompressed => rep.squeezed_bytes += raw_bytes,
+                _ => {}
             }
             items.push(Item::Moved {
                 lba: r.lba,
@@ -442,6 +475,7 @@ fn flush_items(
                 // Compressed again with the target (or the recompress
                 // algorithm), or raw because it does not compress.
                 below_target: false,
+                unsqueezed: compressed && !squeezed,
             });
         }
     }
@@ -456,7 +490,7 @@ fn flush_items(
     // cleaner's reserve (it stops on NoSpace; the cleaner frees room).
     let room = match mode {
         Rewrite::Clean => Room::Cleaner,
-        Rewrite::Upgrade { .. } => Room::Merge,
+        Rewrite::Upgrade { .. } | Rewrite::Squeeze => Room::Merge,
     };
     append::append(inner, items, &[], room)?;
     items.clear();
