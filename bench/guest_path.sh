@@ -6,8 +6,8 @@
 #   ublk    /dev/ublkb0 (`squeeze serve --ublk`)
 #   nbd     /dev/nbd0 (the kernel's nbd client, `nbd-client -unix SOCK -C 2`)
 #   fuse    a loop device (direct I/O) on the FUSE export (`squeeze serve --fuse-dir`)
-# (and, named in PATHS, fuse-buffered: the FUSE export with the backing file written through the
-# page cache, as the ublk server always writes it: the front end's cost apart from that mode's)
+# (and, named in PATHS, fuse-buffered and ublk-buffered: the FUSE export or ublk with the backing
+# file written through the page cache, as the ublk server wrote it until 2026-11-27)
 # with every volume --mode none (the path's cost, not compression's), and fio (libaio, O_DIRECT,
 # QD32): 128 KiB sequential write and read, 4 KiB random write and read.
 #

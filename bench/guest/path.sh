@@ -124,7 +124,7 @@ setup() {
       ;;
     fuse | fuse-buffered)
       # fuse-buffered: the server writes its backing file through the page cache, as a ublk
-      # server always does (docs/ARCHITECTURE.md, "ublk"): the FUSE export with ublk's I/O mode.
+      # server did until 2026-11-27: the FUSE export with the old ublk server's I/O mode.
       SERVE_IO=direct
       [[ $path == fuse ]] || SERVE_IO=buffered
       serve "$OUT/$rep-$path.serve.log" "$W/fuse/vol" \
