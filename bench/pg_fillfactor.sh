@@ -38,7 +38,9 @@
 # dirties a page, so PostgreSQL's shared_buffers (shared memory, never reclaimed: there is no swap),
 # its backends and its page cache all live in MEM_LIMIT; the clients (pgbench, sysbench, psql),
 # mkfs and the loop devices (direct I/O: no page cache of the backing file) stay outside.
-# shared_buffers defaults to a quarter of MEM_LIMIT (SHARED_BUFFERS over half of it is refused).
+# shared_buffers defaults to a quarter of MEM_LIMIT (SHARED_BUFFERS over half of it is refused),
+# maintenance_work_mem to an eighth (the default 64MB let the kernel kill a backend building an
+# index in 64M).
 # The squeeze server reads its backing file through the host's page cache, a cache the plain
 # side's direct-I/O loop device does not get: with MEM_LIMIT it runs in a group of its own
 # (limit SERVE_MEM_LIMIT, default none), so its memory (cache = that page cache) is on record,
@@ -71,9 +73,9 @@
 #      both sides share), FILLFACTORS ("100 90 80 70 50"), WORKLOADS ("pgbench sysbench"),
 #      SIDES ("squeeze plain"), PGB_SCALE (20; quick 2), SB_ROWS (1000000; quick 100000),
 #      RUN_SECS (60; quick 5), CLIENTS (8), VOL_SIZE (16G), SHARED_BUFFERS (256MB; with
-#      MEM_LIMIT a quarter of it), MEM_LIMIT (unset: no memory group; e.g. 192M, as
-#      memory.limit_in_bytes takes it), SERVE_MEM_LIMIT (unset: the squeeze server's group has
-#      no limit; only with MEM_LIMIT),
+#      MEM_LIMIT a quarter of it), MAINTENANCE_WORK_MEM (64MB; with MEM_LIMIT an eighth of it),
+#      MEM_LIMIT (unset: no memory group; e.g. 192M, as memory.limit_in_bytes takes it),
+#      SERVE_MEM_LIMIT (unset: the squeeze server's group has no limit; only with MEM_LIMIT),
 #      SQUEEZE_SERVE_ARGS (extra `serve` options; default --prewrite, set it empty for none), SQUEEZE_PATH (fuse; nbdfuse), NBDFUSE_ARGS
 #      (extra nbdfuse options),
 #      PG_EXTRA_CONF (lines appended to postgresql.conf on every side, e.g.
@@ -136,6 +138,9 @@ elif [[ -n $SERVE_MEM_LIMIT ]]; then
   sq_die "SERVE_MEM_LIMIT needs MEM_LIMIT"
 fi
 SHARED_BUFFERS=${SHARED_BUFFERS:-256MB}
+# Index builds (CREATE INDEX, VACUUM FULL) and (auto)vacuum take up to maintenance_work_mem each
+# (PostgreSQL's default 64MB): in a memory group it must leave room, or the kernel kills a backend.
+MAINTENANCE_WORK_MEM=${MAINTENANCE_WORK_MEM:-$([[ -n $MEM_LIMIT ]] && echo "$((mem_limit_bytes / 8 >> 20))MB" || echo 64MB)}
 TRACE=${TRACE:-0}
 OUT=${OUT:-${OUT_BASE:-}}
 SCRATCH=${SCRATCH:-/var/tmp/squeeze-pg.$$}
@@ -184,7 +189,7 @@ sq_out pg_fillfactor "$SCRATCH"
   echo "sysbench: $(sysbench --version)"
   echo "nbdfuse: $(nbdfuse --version | head -n1)"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "settings: mode=$([[ $QUICK == 1 ]] && echo quick || echo full) pgbench_scale=$PGB_SCALE sysbench_rows=$SB_ROWS run_secs=$RUN_SECS clients=$CLIENTS shared_buffers=$SHARED_BUFFERS mem_limit=${MEM_LIMIT:-none} serve_mem_limit=${SERVE_MEM_LIMIT:-none} vol_size=$VOL_SIZE fillfactors=\"$FILLFACTORS\" serve_args=\"${SQUEEZE_SERVE_ARGS:-}\" pg_extra_conf=\"${PG_EXTRA_CONF:-}\" initdb_args=\"${PG_INITDB_ARGS:-}\""
+  echo "settings: mode=$([[ $QUICK == 1 ]] && echo quick || echo full) pgbench_scale=$PGB_SCALE sysbench_rows=$SB_ROWS run_secs=$RUN_SECS clients=$CLIENTS shared_buffers=$SHARED_BUFFERS maintenance_work_mem=$MAINTENANCE_WORK_MEM mem_limit=${MEM_LIMIT:-none} serve_mem_limit=${SERVE_MEM_LIMIT:-none} vol_size=$VOL_SIZE fillfactors=\"$FILLFACTORS\" serve_args=\"${SQUEEZE_SERVE_ARGS:-}\" pg_extra_conf=\"${PG_EXTRA_CONF:-}\" initdb_args=\"${PG_INITDB_ARGS:-}\""
 } >>"$OUT/machine.txt"
 cat "$OUT/machine.txt" >&2
 
@@ -339,6 +344,7 @@ unix_socket_directories = '$d/run'
 port = ${PORT[$s]}
 max_connections = 100
 shared_buffers = $SHARED_BUFFERS
+maintenance_work_mem = $MAINTENANCE_WORK_MEM
 fsync = on
 synchronous_commit = on
 full_page_writes = on
