@@ -85,6 +85,11 @@
 #      summarises the WRITE lengths, and, from each file's extents (filefrag) and the trace of
 #      the run and the CHECKPOINT after it, whether every 8 KiB page of a relation file reached
 #      squeeze whole in one WRITE and inside one blob: slow, for the probe, not for timing),
+#      SB_RAND_TYPE (sysbench's --rand-type; unset: its default, "special", which sends 75% of the
+#      updates to 1% of the rows: a hot set that fits in memory; "uniform" for data larger than it),
+#      UPGRADE_WAIT_SECS (0: squeeze's bytes are read at once; N: first up to N s for the records
+#      the adaptive codec or the burst floor wrote below the target codec to be upgraded, so a
+#      busy machine's raw backlog is not counted as the database's bytes),
 #      SETTLE_SECS (60), BENCH_LOCK (/tmp/bench.lock), INSTALL (1), CARGO_TARGET_DIR, BIN (a squeeze
 #      binary to use instead of building one).
 # The whole run holds the bench lock (bench/README.md). Needs root (loop devices, mounts, FUSE).
@@ -142,6 +147,7 @@ SHARED_BUFFERS=${SHARED_BUFFERS:-256MB}
 # (PostgreSQL's default 64MB): in a memory group it must leave room, or the kernel kills a backend.
 MAINTENANCE_WORK_MEM=${MAINTENANCE_WORK_MEM:-$([[ -n $MEM_LIMIT ]] && echo "$((mem_limit_bytes / 8 >> 20))MB" || echo 64MB)}
 TRACE=${TRACE:-0}
+UPGRADE_WAIT_SECS=${UPGRADE_WAIT_SECS:-0}
 OUT=${OUT:-${OUT_BASE:-}}
 SCRATCH=${SCRATCH:-/var/tmp/squeeze-pg.$$}
 
@@ -189,7 +195,7 @@ sq_out pg_fillfactor "$SCRATCH"
   echo "sysbench: $(sysbench --version)"
   echo "nbdfuse: $(nbdfuse --version | head -n1)"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "settings: mode=$([[ $QUICK == 1 ]] && echo quick || echo full) pgbench_scale=$PGB_SCALE sysbench_rows=$SB_ROWS run_secs=$RUN_SECS clients=$CLIENTS shared_buffers=$SHARED_BUFFERS maintenance_work_mem=$MAINTENANCE_WORK_MEM mem_limit=${MEM_LIMIT:-none} serve_mem_limit=${SERVE_MEM_LIMIT:-none} vol_size=$VOL_SIZE fillfactors=\"$FILLFACTORS\" serve_args=\"${SQUEEZE_SERVE_ARGS:-}\" pg_extra_conf=\"${PG_EXTRA_CONF:-}\" initdb_args=\"${PG_INITDB_ARGS:-}\""
+  echo "settings: mode=$([[ $QUICK == 1 ]] && echo quick || echo full) pgbench_scale=$PGB_SCALE sysbench_rows=$SB_ROWS run_secs=$RUN_SECS clients=$CLIENTS shared_buffers=$SHARED_BUFFERS maintenance_work_mem=$MAINTENANCE_WORK_MEM mem_limit=${MEM_LIMIT:-none} serve_mem_limit=${SERVE_MEM_LIMIT:-none} sb_rand_type=${SB_RAND_TYPE:-default} upgrade_wait_secs=$UPGRADE_WAIT_SECS vol_size=$VOL_SIZE fillfactors=\"$FILLFACTORS\" serve_args=\"${SQUEEZE_SERVE_ARGS:-}\" pg_extra_conf=\"${PG_EXTRA_CONF:-}\" initdb_args=\"${PG_INITDB_ARGS:-}\""
 } >>"$OUT/machine.txt"
 cat "$OUT/machine.txt" >&2
 
@@ -382,9 +388,21 @@ vol_stats() { # the volume's live statistics (the control socket answers {"vol":
     | python3 -c 'import json,sys; print(json.dumps(next(iter(json.load(sys.stdin).values())), indent=1))'
 }
 
+upgrade_wait() { # up to UPGRADE_WAIT_SECS for the records written below the target codec to be upgraded
+  local i
+  for ((i = 0; i < UPGRADE_WAIT_SECS; i++)); do
+    vol_stats | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["below_target_pending_bytes"] == 0 else 1)' \
+      && return 0
+    sleep 1
+  done
+}
+
 phys_bytes() { # the side's bytes for the database difference
   case $1 in
-    squeeze) vol_stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["stored_bytes"])' ;;
+    squeeze)
+      upgrade_wait
+      vol_stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["stored_bytes"])'
+      ;;
     plain) du -B1 "${DIR[plain]}/plain.img" | cut -f1 ;;
     host) du -s -B1 "${DIR[host]}/mnt/pgdata" | cut -f1 ;;
   esac
@@ -443,6 +461,7 @@ run() { # run SIDE WORKLOAD OUTDIR: the timed part
       sysbench oltp_update_non_index --db-driver=pgsql --pgsql-host="$h" --pgsql-port="$p" \
         --pgsql-user=postgres --pgsql-db=bench --tables=1 --table-size="$SB_ROWS" \
         --threads="$CLIENTS" --time="$RUN_SECS" --histogram=on --report-interval=0 \
+        ${SB_RAND_TYPE:+--rand-type="$SB_RAND_TYPE"} \
         run >"$o/run.out" 2>"$o/run.err"
       ;;
   esac
