@@ -3,7 +3,7 @@
 # the server's crash. Runs INSIDE the test guest, as root
 # (scripts/guest/test.sh nbd_attach):
 #
-#   squeeze serve (Unix socket) -> squeeze nbd-attach -C 2 /dev/nbd0 (netlink,
+#   squeeze serve --restartable (Unix socket) -> squeeze nbd-attach -C 2 /dev/nbd0 (netlink,
 #   with a dead-connection timeout) -> ext4; a writer fsyncs files in a loop
 #   while the server is SIGKILLed and started again on the same socket
 #   several times (nbd-attach hands the kernel new sockets each time); the
@@ -72,7 +72,9 @@ timed() {
 # serve LOG: start the server on the volume and socket; wait for its control socket.
 serve() {
   rm -f "$SOCK" "$CTL"
-  "$BIN" serve --socket "$SOCK" "$VOL" >"$1" 2>&1 &
+  # --restartable: answered writes outlive the process (the file system
+  # goes on trusting them across the restart).
+  "$BIN" serve --restartable --socket "$SOCK" "$VOL" >"$1" 2>&1 &
   SERVER_PID=$!
   local _
   for _ in $(seq 300); do

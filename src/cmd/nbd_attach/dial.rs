@@ -40,10 +40,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, thiserror::Error)]
 pub enum DialError {
     /// No server there (yet): connection refused, no socket file, ...
-    #[error("cannot connect to {endpoint}: {source}")]
-    Connect { endpoint: String, source: io::Error },
+    #[error("cannot connect to {endpoint}: {error}")]
+    Connect { endpoint: String, error: io::Error },
     /// The server answered and the handshake failed.
-    #[error("{0}")]
+    #[error(transparent)]
     Handshake(#[from] NegotiateError),
 }
 
@@ -62,9 +62,9 @@ impl DialError {
 /// Connects, negotiates `export`, and returns the socket (ready for the
 /// driver) with what the server said about the export.
 pub fn dial(endpoint: &Endpoint, export: &str) -> Result<(OwnedFd, ExportInfo), DialError> {
-    let connect_error = |source| DialError::Connect {
+    let connect_error = |error| DialError::Connect {
         endpoint: endpoint.to_string(),
-        source,
+        error,
     };
     match endpoint {
         Endpoint::Unix(path) => {

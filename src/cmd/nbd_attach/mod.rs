@@ -7,12 +7,14 @@
 //! request timeout and a dead-connection timeout (`genl`), and then the
 //! supervisor (`supervise`), which hands the device a new socket for each
 //! one that dies, so a file system on it sees no I/O error as long as the
-//! server is back within the dead-connection timeout. SIGTERM or SIGINT
+//! server is back within the dead-connection timeout, and the server runs
+//! with `--restartable` (its answered writes outlive its process: the file
+//! system goes on trusting them). SIGTERM or SIGINT
 //! disconnects the device; `--disconnect DEVICE` disconnects one from
 //! another shell.
 //!
 //! ```text
-//! squeeze serve --socket /run/vol.sock vol.sqz &
+//! squeeze serve --restartable --socket /run/vol.sock vol.sqz &
 //! squeeze nbd-attach --socket /run/vol.sock --export vol -C 2 /dev/nbd0 &
 //! mount /dev/nbd0 /mnt
 //! ```
@@ -42,7 +44,9 @@ use supervise::{Event, Supervisor};
         when the server goes away (killed, restarted, upgraded) it dials it again with \
         backoff and hands the kernel the new connections (NBD_CMD_RECONFIGURE). Meanwhile \
         the kernel holds the I/O: applications see a pause, not an error, as long as the \
-        server is back within --dead-timeout. SIGTERM or SIGINT disconnects the device."
+        server is back within --dead-timeout. Run the server with `squeeze serve --restartable`: \
+        the file system goes on trusting every write it was answered before the server died, \
+        so those must outlive the server process. SIGTERM or SIGINT disconnects the device."
 )]
 pub struct Args {
     /// The device (/dev/nbd0, nbd0 or 0); default: the first free one.

@@ -45,11 +45,12 @@ fn cpu_source() -> Option<Arc<dyn squeeze_engine::pipeline::headroom::BusySource
 }
 
 fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
-    // A ublk device outlives a crash of this server, and the file system
+    // A ublk device outlives a crash of this server (as does an nbd device
+    // under `squeeze nbd-attach`, which reconnects), and the file system
     // on it goes on trusting every write it was answered: those must
     // outlive the process too, so they go through the page cache
     // (docs/ARCHITECTURE.md, "ublk").
-    let io = if a.ublk {
+    let io = if a.ublk || a.restartable {
         IoMode::Buffered
     } else {
         IoMode::from_env()
