@@ -48,8 +48,15 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
     // A ublk device outlives a crash of this server, and the file system
     // on it goes on trusting every write it was answered: the ublk queues
     // write the pool out before they answer (ublk_queue.rs), in either
-    // mode (docs/ARCHITECTURE.md, "ublk").
-    let io = IoMode::from_env();
+    // mode (docs/ARCHITECTURE.md, "ublk"). An nbd device under `squeeze
+    // nbd-attach` outlives it too, but NBD answers a write before the
+    // pool is written out: with `--restartable` those writes go through
+    // the page cache, so that they outlive the process.
+    let io = if a.restartable {
+        IoMode::Buffered
+    } else {
+        IoMode::from_env()
+    };
     let serving = || {
         open_volume_io(
             path,
