@@ -6,8 +6,8 @@
 #   ublk    /dev/ublkb0 (`squeeze serve --ublk`)
 #   nbd     /dev/nbd0 (the kernel's nbd client, `nbd-client -unix SOCK -C 2`)
 #   fuse    a loop device (direct I/O) on the FUSE export (`squeeze serve --fuse-dir`)
-# (and, named in PATHS, fuse-buffered: the FUSE export with the backing file written through the
-# page cache, as the ublk server always writes it: the front end's cost apart from that mode's)
+# (and, named in PATHS, fuse-buffered and ublk-buffered: the FUSE export or ublk with the backing
+# file written through the page cache, as the ublk server wrote it until 2026-11-27)
 # with every volume --mode none (the path's cost, not compression's), and fio (libaio, O_DIRECT,
 # QD32): 128 KiB sequential write and read, 4 KiB random write and read.
 #
@@ -26,7 +26,8 @@
 # bench lock for the whole run (bench/README.md); one run takes about 10 minutes.
 #
 # Env: PATHS ("plain ublk nbd fuse"), SIZE (512M), RUNTIME (20 s per timed job), REPS (1,
-#      rounds in the one boot), JOBS (all four), OUT (results/guest_path-<time>), BIN,
+#      rounds in the one boot), JOBS (all four), PROFILE (1: OUT/profile.md, where the guest's
+#      CPU went by /proc/stat field and by task: bench/guest_profile.py), OUT (results/guest_path-<time>), BIN,
 #      BENCH_LOCK (/tmp/bench.lock), SQUEEZE_GUEST_TIMEOUT (1800), and those of run.sh
 #      (SQUEEZE_GUEST_CACHE, SQUEEZE_GUEST_CPUS, SQUEEZE_GUEST_MEM, SQUEEZE_GUEST_ACCEL).
 set -euo pipefail
@@ -42,6 +43,7 @@ export SQUEEZE_TEST_SIZE=${SIZE:-512M}
 export SQUEEZE_TEST_RUNTIME=${RUNTIME:-20}
 export SQUEEZE_TEST_REPS=${REPS:-1}
 export SQUEEZE_TEST_JOBS=${JOBS:-seqwrite-128k seqread-128k randwrite-4k randread-4k}
+export SQUEEZE_TEST_PROFILE=${PROFILE:-0}
 export SQUEEZE_GUEST_TIMEOUT=${SQUEEZE_GUEST_TIMEOUT:-1800}
 # This harness holds the bench lock: run.sh must not wait for it again.
 unset SQUEEZE_GUEST_LOCK
@@ -120,5 +122,9 @@ for ref in ("fuse", "fuse-buffered"):
         b = med([r["MB/s"] for r in u]) / med([r["MB/s"] for r in f])
         print(f"| {job} | {g:.2f} | {s:.2f} | {b:.2f} | {'met' if g <= 0.5 else 'not met'} |")
 EOF
+if [[ ${PROFILE:-0} == 1 ]]; then
+  python3 "$SQ_ROOT/bench/guest_profile.py" "$OUT/guest" >"$OUT/profile.md" || rc=1
+  sq_log "where the CPU went: $OUT/profile.md"
+fi
 sq_log "results in $OUT (table.md, results.jsonl; guest/: fio JSON, server logs, console)"
 exit "$rc"

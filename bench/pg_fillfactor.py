@@ -9,8 +9,8 @@
                                       with the runs' trace-window.txt and extents.txt: whether each
                                       8 KiB page of a relation file reached squeeze in one WRITE
 
-A RUN_DIR holds meta.txt, sizes-run.txt, sizes-loaded.txt, upd.txt, wal.txt ("key value"
-lines), run.out (pgbench's or sysbench's report), txlog* (pgbench's per-transaction log) and,
+A RUN_DIR holds meta.txt, sizes-run.txt, sizes-loaded.txt, upd.txt, wal.txt, blks.txt and,
+with MEM_LIMIT, memory-pg.txt / memory-serve.txt (the memory groups: "key value" lines), run.out (pgbench's or sysbench's report), txlog* (pgbench's per-transaction log) and,
 on squeeze, vol-before.json / vol-after.json (`squeeze stats --json`).
 """
 
@@ -165,9 +165,13 @@ def record(d):
     for name, f in (("loaded", "sizes-loaded.txt"), ("run", "sizes-run.txt")):
         for k, v in kv(os.path.join(d, f)).items():
             r[f"{k}_{name}"] = num(v)
-    for f in ("upd.txt", "wal.txt"):
+    for f in ("upd.txt", "wal.txt", "blks.txt"):
         for k, v in kv(os.path.join(d, f)).items():
             r[k] = num(v)
+    for key, f in (("memory_pg", "memory-pg.txt"), ("memory_serve", "memory-serve.txt")):
+        m = {k: num(v) for k, v in kv(os.path.join(d, f)).items()}
+        if m:
+            r[key] = m
     if "loop_before" in meta and "loop_after" in meta:
         r["loop"] = loop_delta(meta["loop_before"], meta["loop_after"])
     tck = num(meta.get("clk_tck")) or 100
@@ -200,6 +204,12 @@ def derived(r):
         if loop:
             out["flushes_per_tx"] = loop.get("flush_ios", 0) / tx
             out["written_kib_per_tx"] = loop.get("write_sectors", 0) * 512 / tx / 1024
+            out["loop_reads_per_tx"] = loop.get("read_ios", 0) / tx
+        if r.get("blks_read") is not None:
+            out["blks_read_per_tx"] = r["blks_read"] / tx
+    if loop.get("read_ios"):
+        out["avg_read_kib"] = loop["read_sectors"] * 512 / loop["read_ios"] / 1024
+        out["avg_read_ms"] = loop["read_ticks"] / loop["read_ios"]
     if loop.get("write_ios"):
         out["avg_write_kib"] = loop["write_sectors"] * 512 / loop["write_ios"] / 1024
         out["avg_write_ms"] = loop["write_ticks"] / loop["write_ios"]
@@ -230,7 +240,11 @@ def row(d):
         f"p95 {f(r.get('lat_p95_ms'), '{:.1f}')} ms, HOT {f(x.get('hot_pct'))}%, "
         f"db {f((r.get('database_bytes_run') or 0) / MIB)} MiB logical, "
         f"{f((r.get('db_phys_bytes') or 0) / MIB)} MiB physical, "
-        f"flush {f(x.get('avg_flush_ms'), '{:.2f}')} ms, write {f(x.get('avg_write_kib'), '{:.1f}')} KiB avg"
+        f"flush {f(x.get('avg_flush_ms'), '{:.2f}')} ms, write {f(x.get('avg_write_kib'), '{:.1f}')} KiB avg, "
+        f"reads/tx loop {f(x.get('loop_reads_per_tx'), '{:.2f}')} blks_read {f(x.get('blks_read_per_tx'), '{:.2f}')}"
+        + (f", memory peak {f(r['memory_pg'].get('max_usage_bytes', 0) / MIB)} MiB of "
+           f"{f(r['memory_pg'].get('limit_bytes', 0) / MIB)}, failcnt {f(r['memory_pg'].get('failcnt'))}"
+           if r.get("memory_pg") else "")
     )
 
 
@@ -251,6 +265,60 @@ def median(vals):
     return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
 
 
+def side_by_side(w, rows, sides, ffs):
+    """The headline: per fillfactor, every side's TPS, reads per transaction and physical
+    bytes in one row (medians of repeated runs)."""
+    def med(s, ff, fn):
+        return median([fn(r) for r in rows if r["side"] == s and r["fillfactor"] == ff])
+    print(f"Side by side ({w}; reads/tx: the loop device's reads, then PostgreSQL's blks_read; "
+          "physical: the database's bytes, and against fillfactor 100):\n")
+    head = ["ff"]
+    for s in sides:
+        head += [f"{s} TPS", f"{s} reads/tx", f"{s} physical MiB"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---:|" * len(head))
+    for ff in ffs:
+        cells = [str(ff)]
+        for s in sides:
+            phys = med(s, ff, lambda r: r.get("db_phys_bytes"))
+            base = med(s, 100, lambda r: r.get("db_phys_bytes"))
+            vs = f" ({phys / base:.2f}x)" if phys is not None and base else ""
+            cells += [
+                f(med(s, ff, lambda r: r.get("tps"))),
+                f"{f(med(s, ff, lambda r: derived(r).get('loop_reads_per_tx')), '{:.2f}')} / "
+                f"{f(med(s, ff, lambda r: derived(r).get('blks_read_per_tx')), '{:.2f}')}",
+                f(None if phys is None else phys / MIB) + vs,
+            ]
+        print("| " + " | ".join(cells) + " |")
+    print()
+
+
+def memory_table(w, rows, sides, ffs):
+    """The memory groups during each run (MEM_LIMIT): nothing when the run had none."""
+    if not any(r.get("memory_pg") for r in rows):
+        return
+    print(f"Memory groups during the run ({w}; MiB; PostgreSQL's group, then the squeeze "
+          "server's where it had one):\n")
+    print("| side | ff | limit | peak | failcnt | cache | rss | shmem "
+          "| server limit | server peak | server cache | server rss |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+    def mib(m, k):
+        v = (m or {}).get(k)
+        if v is None:
+            return "–"
+        return "none" if k == "limit_bytes" and v >= 1 << 50 else f"{v / MIB:.0f}"
+    for ff in ffs:
+        for s in sides:
+            for r in [r for r in rows if r["side"] == s and r["fillfactor"] == ff]:
+                m, v = r.get("memory_pg"), r.get("memory_serve")
+                print(f"| {s} | {ff} | {mib(m, 'limit_bytes')} | {mib(m, 'max_usage_bytes')} "
+                      f"| {f((m or {}).get('failcnt'))} | {mib(m, 'cache')} | {mib(m, 'rss')} "
+                      f"| {mib(m, 'shmem')} | {mib(v, 'limit_bytes')} | {mib(v, 'max_usage_bytes')} "
+                      f"| {mib(v, 'cache')} | {mib(v, 'rss')} |")
+    print()
+
+
 def table(out_base):
     rows = load(out_base)
     machine = read(os.path.join(out_base, "machine.txt")).strip()
@@ -265,8 +333,10 @@ def table(out_base):
         print(f"### {name}\n")
         print("| side | ff | TPS | lat avg / p50 / p95 / p99 ms | HOT % | WAL KiB/tx | FPI/tx "
               "| table MiB | all tables MiB | db physical MiB | logical/physical "
-              "| loop KiB/tx | avg write KiB | flushes/tx | avg flush ms | stack CPU ms/tx |")
-        print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "| loop KiB/tx | avg write KiB | flushes/tx | avg flush ms | stack CPU ms/tx "
+              "| loop reads/tx | blks_read/tx | avg read KiB | avg read ms |")
+        print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
+              "|---:|---:|---:|---:|")
         for ff in ffs:
             for s in sides:
                 for r in [r for r in rows if r["workload"] == w and r["side"] == s and r["fillfactor"] == ff]:
@@ -284,9 +354,15 @@ def table(out_base):
                         f"| {f(x.get('avg_write_kib'), '{:.1f}')} "
                         f"| {f(x.get('flushes_per_tx'), '{:.2f}')} "
                         f"| {f(x.get('avg_flush_ms'), '{:.2f}')} "
-                        f"| {f(x.get('stack_cpu_ms_per_tx'), '{:.2f}')} |"
+                        f"| {f(x.get('stack_cpu_ms_per_tx'), '{:.2f}')} "
+                        f"| {f(x.get('loop_reads_per_tx'), '{:.2f}')} "
+                        f"| {f(x.get('blks_read_per_tx'), '{:.2f}')} "
+                        f"| {f(x.get('avg_read_kib'), '{:.1f}')} "
+                        f"| {f(x.get('avg_read_ms'), '{:.2f}')} |"
                     )
         print()
+        side_by_side(w, [r for r in rows if r["workload"] == w], sides, ffs)
+        memory_table(w, [r for r in rows if r["workload"] == w], sides, ffs)
         # the targets: medians when a configuration ran more than once
         def med(s, ff, key):
             return median([r.get(key) for r in rows

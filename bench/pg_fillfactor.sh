@@ -4,6 +4,8 @@
 #
 #   sudo bench/pg_fillfactor.sh --quick    # smoke: pgbench scale 2, 100k sysbench rows, 5 s runs (~5 min)
 #   sudo bench/pg_fillfactor.sh            # full: scale 20, 1M rows, 60 s runs (~30 min)
+#   MEM_LIMIT=192M SB_ROWS=3000000 WORKLOADS=sysbench FILLFACTORS="100 90 70" sudo bench/pg_fillfactor.sh
+#                                          # data larger than memory (issue 37 item 5, ~30 min)
 #   FILLFACTORS="100 70" RUN_SECS=120 sudo bench/pg_fillfactor.sh     # repeat the key runs
 #   REPORT_ONLY=results/pg_fillfactor-<time> bench/pg_fillfactor.sh   # the tables again, no measuring
 #
@@ -29,13 +31,32 @@
 #             random digit groups: about 2.5:1 with zstd), loaded by `sysbench prepare`, then
 #             ALTER TABLE ... SET (fillfactor=FF) + VACUUM FULL (the table and its indexes rewritten
 #             at FF), then --threads=CLIENTS --time=RUN_SECS. Each update rewrites the unindexed c.
+# Data larger than memory (MEM_LIMIT set): each side's PostgreSQL server (the postmaster and every
+# backend it forks) runs in its own cgroup v1 memory group, /sys/fs/cgroup/memory/squeeze-pg.<pid>.<side>,
+# with memory.limit_in_bytes = MEM_LIMIT, made before the server starts and removed after it stops.
+# The page cache of the ext4 files is charged to the group of the process that first reads or
+# dirties a page, so PostgreSQL's shared_buffers (shared memory, never reclaimed: there is no swap),
+# its backends and its page cache all live in MEM_LIMIT; the clients (pgbench, sysbench, psql),
+# mkfs and the loop devices (direct I/O: no page cache of the backing file) stay outside.
+# shared_buffers defaults to a quarter of MEM_LIMIT (SHARED_BUFFERS over half of it is refused),
+# maintenance_work_mem to an eighth (the default 64MB let the kernel kill a backend building an
+# index in 64M).
+# The squeeze server reads its backing file through the host's page cache, a cache the plain
+# side's direct-I/O loop device does not get: with MEM_LIMIT it runs in a group of its own
+# (limit SERVE_MEM_LIMIT, default none), so its memory (cache = that page cache) is on record,
+# and the loop devices' average read time shows whether its reads came from RAM. Per run (the
+# counters reset before it): the group's peak (memory.max_usage_in_bytes), how often it hit the
+# limit (memory.failcnt) and memory.stat's cache, rss and shmem at the end, for both groups.
+#
 # Before each run: CHECKPOINT (the run starts with every page's first change paying a full-page
 # image, as after any checkpoint), pg_stat_reset and pg_stat_reset_shared('wal').
 #
 # Reported per (workload, fillfactor, side), from results.jsonl by bench/pg_fillfactor.py:
 #   TPS, latency avg/p50/p95/p99 (pgbench's per-transaction log; sysbench's histogram),
 #   HOT updates (% of updates, pg_stat_user_tables), WAL bytes and full-page images per
-#   transaction (pg_stat_wal), logical sizes after the run (pg_relation_size of the main table,
+#   transaction (pg_stat_wal), reads per transaction (the loop device's read_ios: reads that
+#   missed ext4's page cache; PostgreSQL's blks_read in pg_stat_database: reads that missed
+#   shared_buffers), logical sizes after the run (pg_relation_size of the main table,
 #   pg_total_relation_size, pg_database_size), the physical bytes of the database, and the loop
 #   device's view (writes, average write size, flushes and average flush time: /sys/block/loopN/stat).
 # Physical bytes of the database: CHECKPOINT, sync and fstrim after the run, measure; DROP
@@ -51,7 +72,10 @@
 # Env: OUT (results/pg_fillfactor-<time>; OUT_BASE is read as OUT), SCRATCH (/var/tmp/squeeze-pg.<pid>: on the disk
 #      both sides share), FILLFACTORS ("100 90 80 70 50"), WORKLOADS ("pgbench sysbench"),
 #      SIDES ("squeeze plain"), PGB_SCALE (20; quick 2), SB_ROWS (1000000; quick 100000),
-#      RUN_SECS (60; quick 5), CLIENTS (8), VOL_SIZE (16G), SHARED_BUFFERS (256MB),
+#      RUN_SECS (60; quick 5), CLIENTS (8), VOL_SIZE (16G), SHARED_BUFFERS (256MB; with
+#      MEM_LIMIT a quarter of it), MAINTENANCE_WORK_MEM (64MB; with MEM_LIMIT an eighth of it),
+#      MEM_LIMIT (unset: no memory group; e.g. 192M, as memory.limit_in_bytes takes it),
+#      SERVE_MEM_LIMIT (unset: the squeeze server's group has no limit; only with MEM_LIMIT),
 #      SQUEEZE_SERVE_ARGS (extra `serve` options; default --prewrite, set it empty for none), SQUEEZE_PATH (fuse; nbdfuse), NBDFUSE_ARGS
 #      (extra nbdfuse options),
 #      PG_EXTRA_CONF (lines appended to postgresql.conf on every side, e.g.
@@ -61,6 +85,11 @@
 #      summarises the WRITE lengths, and, from each file's extents (filefrag) and the trace of
 #      the run and the CHECKPOINT after it, whether every 8 KiB page of a relation file reached
 #      squeeze whole in one WRITE and inside one blob: slow, for the probe, not for timing),
+#      SB_RAND_TYPE (sysbench's --rand-type; unset: its default, "special", which sends 75% of the
+#      updates to 1% of the rows: a hot set that fits in memory; "uniform" for data larger than it),
+#      UPGRADE_WAIT_SECS (0: squeeze's bytes are read at once; N: first up to N s for the records
+#      the adaptive codec or the burst floor wrote below the target codec to be upgraded, so a
+#      busy machine's raw backlog is not counted as the database's bytes),
 #      SETTLE_SECS (60), BENCH_LOCK (/tmp/bench.lock), INSTALL (1), CARGO_TARGET_DIR, BIN (a squeeze
 #      binary to use instead of building one).
 # The whole run holds the bench lock (bench/README.md). Needs root (loop devices, mounts, FUSE).
@@ -99,8 +128,26 @@ SIDES=${SIDES:-squeeze plain}
 CLIENTS=${CLIENTS:-8}
 VOL_SIZE=${VOL_SIZE:-16G}
 SQUEEZE_SERVE_ARGS=${SQUEEZE_SERVE_ARGS---prewrite}
+MEM_LIMIT=${MEM_LIMIT:-}
+SERVE_MEM_LIMIT=${SERVE_MEM_LIMIT:-}
+if [[ -n $MEM_LIMIT ]]; then
+  mem_limit_bytes=$(numfmt --from=iec "$MEM_LIMIT" 2>/dev/null) \
+    || sq_die "MEM_LIMIT=$MEM_LIMIT: not a size (e.g. 192M, 1G)"
+  SHARED_BUFFERS=${SHARED_BUFFERS:-$((mem_limit_bytes / 4 >> 20))MB}
+  # PostgreSQL's units (kB, MB, GB) as numfmt reads them
+  sb_bytes=$(sed 's/B$//; s/k$/K/' <<<"$SHARED_BUFFERS" | numfmt --from=iec 2>/dev/null) \
+    || sq_die "SHARED_BUFFERS=$SHARED_BUFFERS: not a size numfmt reads (e.g. 48MB)"
+  ((sb_bytes * 2 <= mem_limit_bytes)) \
+    || sq_die "SHARED_BUFFERS=$SHARED_BUFFERS is over half of MEM_LIMIT=$MEM_LIMIT: shared memory is never reclaimed, the backends and the page cache need the rest"
+elif [[ -n $SERVE_MEM_LIMIT ]]; then
+  sq_die "SERVE_MEM_LIMIT needs MEM_LIMIT"
+fi
 SHARED_BUFFERS=${SHARED_BUFFERS:-256MB}
+# Index builds (CREATE INDEX, VACUUM FULL) and (auto)vacuum take up to maintenance_work_mem each
+# (PostgreSQL's default 64MB): in a memory group it must leave room, or the kernel kills a backend.
+MAINTENANCE_WORK_MEM=${MAINTENANCE_WORK_MEM:-$([[ -n $MEM_LIMIT ]] && echo "$((mem_limit_bytes / 8 >> 20))MB" || echo 64MB)}
 TRACE=${TRACE:-0}
+UPGRADE_WAIT_SECS=${UPGRADE_WAIT_SECS:-0}
 OUT=${OUT:-${OUT_BASE:-}}
 SCRATCH=${SCRATCH:-/var/tmp/squeeze-pg.$$}
 
@@ -127,6 +174,12 @@ need_tools() {
   fi
 }
 
+CG_ROOT=/sys/fs/cgroup/memory
+if [[ -n $MEM_LIMIT ]]; then
+  [[ -f $CG_ROOT/memory.limit_in_bytes && -w $CG_ROOT ]] \
+    || sq_die "MEM_LIMIT needs the cgroup v1 memory controller mounted writable at $CG_ROOT (cgroup v2 is not supported here)"
+fi
+
 need_tools
 sq_lock
 sq_bin
@@ -142,7 +195,7 @@ sq_out pg_fillfactor "$SCRATCH"
   echo "sysbench: $(sysbench --version)"
   echo "nbdfuse: $(nbdfuse --version | head -n1)"
   echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "settings: mode=$([[ $QUICK == 1 ]] && echo quick || echo full) pgbench_scale=$PGB_SCALE sysbench_rows=$SB_ROWS run_secs=$RUN_SECS clients=$CLIENTS shared_buffers=$SHARED_BUFFERS vol_size=$VOL_SIZE fillfactors=\"$FILLFACTORS\" serve_args=\"${SQUEEZE_SERVE_ARGS:-}\" pg_extra_conf=\"${PG_EXTRA_CONF:-}\" initdb_args=\"${PG_INITDB_ARGS:-}\""
+  echo "settings: mode=$([[ $QUICK == 1 ]] && echo quick || echo full) pgbench_scale=$PGB_SCALE sysbench_rows=$SB_ROWS run_secs=$RUN_SECS clients=$CLIENTS shared_buffers=$SHARED_BUFFERS maintenance_work_mem=$MAINTENANCE_WORK_MEM mem_limit=${MEM_LIMIT:-none} serve_mem_limit=${SERVE_MEM_LIMIT:-none} sb_rand_type=${SB_RAND_TYPE:-default} upgrade_wait_secs=$UPGRADE_WAIT_SECS vol_size=$VOL_SIZE fillfactors=\"$FILLFACTORS\" serve_args=\"${SQUEEZE_SERVE_ARGS:-}\" pg_extra_conf=\"${PG_EXTRA_CONF:-}\" initdb_args=\"${PG_INITDB_ARGS:-}\""
 } >>"$OUT/machine.txt"
 cat "$OUT/machine.txt" >&2
 
@@ -161,18 +214,65 @@ pg() { # pg SIDE ARGS...: psql as postgres on SIDE's cluster
     psql -h "${DIR[$s]}/run" -p "${PORT[$s]}" -U postgres -X -q -At -v ON_ERROR_STOP=1 "$@"
 }
 
+# ---------------------------------------------------------------- memory groups (MEM_LIMIT)
+declare -A CG # CG[SIDE] the PostgreSQL server's group, CG[SIDE.serve] the squeeze server's
+cg_make() { # cg_make KEY LIMIT: a memory group of our own (LIMIT empty: none)
+  local g=$CG_ROOT/squeeze-pg.$$.${1/./-}
+  mkdir "$g" || sq_die "cannot make the memory group $g"
+  CG[$1]=$g
+  if [[ -n $2 ]]; then
+    echo "$2" >"$g/memory.limit_in_bytes" || sq_die "cannot set $g/memory.limit_in_bytes to $2"
+  fi
+  sq_log "memory group $g, limit $(numfmt --to=iec "$(cat "$g/memory.limit_in_bytes")")"
+}
+
+cg_remove() { # cg_remove KEY: once its processes have gone (its page cache is dropped with it)
+  local g=${CG[$1]:-} i
+  [[ -n $g && -d $g ]] || return 0
+  for ((i = 0; i < 50; i++)); do [[ -s $g/cgroup.procs ]] || break; sleep 0.1; done
+  echo 0 >"$g/memory.force_empty" 2>/dev/null || true
+  rmdir "$g" || sq_log "could not remove the memory group $g (processes left: $(tr '\n' ' ' <"$g/cgroup.procs"))"
+  CG[$1]=""
+}
+
+cg_reset() { # the peak and the count of hits against the limit start again
+  local g=${CG[$1]:-}
+  [[ -n $g ]] || return 0
+  echo 0 >"$g/memory.max_usage_in_bytes"
+  echo 0 >"$g/memory.failcnt"
+}
+
+cg_stat() { # cg_stat KEY: the group's figures as "key value" lines (nothing without a group)
+  local g=${CG[$1]:-}
+  [[ -n $g ]] || return 0
+  echo "limit_bytes $(cat "$g/memory.limit_in_bytes")"
+  echo "usage_bytes $(cat "$g/memory.usage_in_bytes")"
+  echo "max_usage_bytes $(cat "$g/memory.max_usage_in_bytes")"
+  echo "failcnt $(cat "$g/memory.failcnt")"
+  grep -E '^(cache|rss|shmem|mapped_file|dirty|writeback|pgmajfault|total_pgpgin) ' "$g/memory.stat"
+}
+
+pg_start() { # the side's postmaster, in its memory group if there is one
+  local s=$1 d=${DIR[$1]}
+  (
+    [[ -z ${CG[$s]:-} ]] || echo "$BASHPID" >"${CG[$s]}/cgroup.procs" || exit 1
+    exec runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$d/mnt/pgdata" -l "$OUT/postgres-$s.log" -w start >/dev/null
+  ) || sq_die "$s: PostgreSQL did not start (see $OUT/postgres-$s.log)"
+}
+
 side_down() {
   local s=$1 d=${DIR[$1]}
   if [[ -f $d/mnt/pgdata/postmaster.pid ]]; then
     runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$d/mnt/pgdata" -m fast -w stop >/dev/null 2>&1 || true
   fi
+  cg_remove "$s"
   if mountpoint -q "$d/mnt" 2>/dev/null; then umount "$d/mnt" || umount -l "$d/mnt"; fi
   if [[ -n ${LOOP[$s]:-} ]]; then losetup -d "${LOOP[$s]}" || true; LOOP[$s]=""; fi
   # nbdfuse's mount goes now; the server's own export goes with the server (SIGTERM).
   if [[ ${SQUEEZE_PATH:-fuse} != fuse ]] && mountpoint -q "$d/fuse" 2>/dev/null; then
     fusermount3 -u "$d/fuse" || umount -l "$d/fuse"
   fi
-  [[ $s != squeeze ]] || sq_serve_stop squeeze
+  [[ $s != squeeze ]] || { sq_serve_stop squeeze; cg_remove "$s.serve"; }
 }
 
 cleanup() {
@@ -208,6 +308,11 @@ side_up() {
       else
         sq_serve_start squeeze "$OUT/serve.log" "${ready[@]}" -- --socket "$d/nbd.sock" --control "$d/ctl" \
           --size "$VOL_SIZE" "${fuse_args[@]}" ${SQUEEZE_SERVE_ARGS:-} "$d/vol.sqz"
+      fi
+      if [[ -n $MEM_LIMIT ]]; then # before it reads anything: its page cache is charged there
+        cg_make "$s.serve" "$SERVE_MEM_LIMIT"
+        sq_serve_pid squeeze >"${CG[$s.serve]}/cgroup.procs" \
+          || sq_die "cannot move the squeeze server into ${CG[$s.serve]}"
       fi
       if [[ ${SQUEEZE_PATH:-fuse} == fuse ]]; then
         dev=$d/fuse/vol
@@ -245,6 +350,7 @@ unix_socket_directories = '$d/run'
 port = ${PORT[$s]}
 max_connections = 100
 shared_buffers = $SHARED_BUFFERS
+maintenance_work_mem = $MAINTENANCE_WORK_MEM
 fsync = on
 synchronous_commit = on
 full_page_writes = on
@@ -260,7 +366,8 @@ log_checkpoints = on
 ${PG_EXTRA_CONF:-}
 EOF
   install -o postgres -m 644 /dev/null "$OUT/postgres-$s.log"
-  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$d/mnt/pgdata" -l "$OUT/postgres-$s.log" -w start >/dev/null
+  [[ -z $MEM_LIMIT ]] || cg_make "$s" "$MEM_LIMIT"
+  pg_start "$s"
   if [[ -n ${LOOP[$s]:-} ]]; then
     sq_log "$s: ${LOOP[$s]} ($(losetup -nl -O DIO "${LOOP[$s]}" | tr -d ' ') direct I/O) ext4 at $d/mnt, PostgreSQL on port ${PORT[$s]}"
   else
@@ -281,9 +388,21 @@ vol_stats() { # the volume's live statistics (the control socket answers {"vol":
     | python3 -c 'import json,sys; print(json.dumps(next(iter(json.load(sys.stdin).values())), indent=1))'
 }
 
+upgrade_wait() { # up to UPGRADE_WAIT_SECS for the records written below the target codec to be upgraded
+  local i
+  for ((i = 0; i < UPGRADE_WAIT_SECS; i++)); do
+    vol_stats | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["below_target_pending_bytes"] == 0 else 1)' \
+      && return 0
+    sleep 1
+  done
+}
+
 phys_bytes() { # the side's bytes for the database difference
   case $1 in
-    squeeze) vol_stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["stored_bytes"])' ;;
+    squeeze)
+      upgrade_wait
+      vol_stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["stored_bytes"])'
+      ;;
     plain) du -B1 "${DIR[plain]}/plain.img" | cut -f1 ;;
     host) du -s -B1 "${DIR[host]}/mnt/pgdata" | cut -f1 ;;
   esac
@@ -342,6 +461,7 @@ run() { # run SIDE WORKLOAD OUTDIR: the timed part
       sysbench oltp_update_non_index --db-driver=pgsql --pgsql-host="$h" --pgsql-port="$p" \
         --pgsql-user=postgres --pgsql-db=bench --tables=1 --table-size="$SB_ROWS" \
         --threads="$CLIENTS" --time="$RUN_SECS" --histogram=on --report-interval=0 \
+        ${SB_RAND_TYPE:+--rand-type="$SB_RAND_TYPE"} \
         run >"$o/run.out" 2>"$o/run.err"
       ;;
   esac
@@ -382,17 +502,23 @@ one() { # one SIDE WORKLOAD FF
   lb=$(loop_stat "$s")
   cb=$(stack_ticks "$s")
   [[ $s == squeeze ]] && vol_stats >"$o/vol-before.json"
+  cg_reset "$s"
+  cg_reset "$s.serve"
   sq_log "$s $w ff=$ff: run ${RUN_SECS}s, $CLIENTS clients (load average $(cut -d' ' -f1 /proc/loadavg))"
   ((TRACE)) && echo "from $(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)" >"$o/trace-window.txt"
   run "$s" "$w" "$o" || sq_die "$s $w ff=$ff: run failed (see $o/run.err)"
   la=$(loop_stat "$s")
   ca=$(stack_ticks "$s")
   [[ $s == squeeze ]] && vol_stats >"$o/vol-after.json"
+  cg_stat "$s" >"$o/memory-pg.txt"
+  cg_stat "$s.serve" >"$o/memory-serve.txt"
   sleep 1 # backends report their table counters when they exit
   pg "$s" -d bench -F ' ' -c "SELECT 'n_tup_upd', n_tup_upd, 'n_tup_hot_upd', n_tup_hot_upd
     FROM pg_stat_user_tables WHERE relname = '$(main_table "$w")'" | awk '{ print $1, $2; print $3, $4 }' >"$o/upd.txt"
   pg "$s" -F ' ' -c "SELECT 'wal_records', wal_records, 'wal_fpi', wal_fpi, 'wal_bytes', wal_bytes FROM pg_stat_wal" \
     | awk '{ print $1, $2; print $3, $4; print $5, $6 }' >"$o/wal.txt"
+  pg "$s" -F ' ' -c "SELECT 'blks_read', blks_read, 'blks_hit', blks_hit FROM pg_stat_database
+    WHERE datname = 'bench'" | awk '{ print $1, $2; print $3, $4 }' >"$o/blks.txt"
   settle_fs "$s"
   if ((TRACE)) && [[ $s == squeeze ]]; then # the run and the checkpoint after it
     echo "to $(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)" >>"$o/trace-window.txt"

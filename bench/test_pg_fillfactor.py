@@ -11,6 +11,7 @@ and 70 of its results.jsonl, and its volume and pg_test_fsync outputs.
 import io
 import os
 import re
+import shutil
 import sys
 import tempfile
 import unittest
@@ -69,6 +70,66 @@ class RunRecords(unittest.TestCase):
         self.assertEqual(pf.loop_delta("", ""), {})
 
 
+class ReadsAndMemory(unittest.TestCase):
+    """A run under MEM_LIMIT: the fixture's sysbench run with blks.txt and the memory groups'
+    files added, as bench/pg_fillfactor.sh writes them."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+        self.run = os.path.join(self.dir, "sysbench-ff70-squeeze")
+        shutil.copytree(os.path.join(FIXTURE, "sysbench-ff70-squeeze"), self.run)
+        with open(os.path.join(self.run, "blks.txt"), "w") as f:
+            f.write("blks_read 26130\nblks_hit 900000\n")
+        with open(os.path.join(self.run, "memory-pg.txt"), "w") as f:
+            f.write("limit_bytes 201326592\nusage_bytes 200000000\nmax_usage_bytes 201326592\n"
+                    "failcnt 5123\ncache 150000000\nrss 40000000\nshmem 52000000\n")
+        with open(os.path.join(self.run, "memory-serve.txt"), "w") as f:
+            f.write(f"limit_bytes {9223372036854771712}\nmax_usage_bytes 300000000\n"
+                    "cache 250000000\nrss 50000000\n")
+        meta = os.path.join(self.run, "meta.txt")
+        text = pf.read(meta)
+        # 1306.5 reads of 8 KiB taking 2 ms each in the loop device's delta
+        b = [0] * 17
+        a = [0] * 17
+        a[0], a[2], a[3] = 13065 * 2, 13065 * 2 * 16, 13065 * 2 * 2
+        text = re.sub(r"^loop_before .*$", "loop_before " + " ".join(map(str, b)), text, flags=re.M)
+        text = re.sub(r"^loop_after .*$", "loop_after " + " ".join(map(str, a)), text, flags=re.M)
+        with open(meta, "w") as f:
+            f.write(text)
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def test_reads_per_transaction_from_the_loop_device_and_blks_read(self):
+        r = pf.record(self.run)
+        self.assertEqual((r["blks_read"], r["blks_hit"]), (26130, 900000))
+        x = pf.derived(r)
+        self.assertAlmostEqual(x["loop_reads_per_tx"], 2.0)  # 26130 reads / 13065 transactions
+        self.assertAlmostEqual(x["blks_read_per_tx"], 2.0)
+        self.assertAlmostEqual(x["avg_read_kib"], 8.0)
+        self.assertAlmostEqual(x["avg_read_ms"], 2.0)
+
+    def test_memory_groups_are_recorded_and_tabled(self):
+        r = pf.record(self.run)
+        self.assertEqual(r["memory_pg"]["failcnt"], 5123)
+        self.assertEqual(r["memory_serve"]["cache"], 250000000)
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            pf.memory_table("sysbench", [r], ["squeeze"], [70])
+        line = [ln for ln in buf.getvalue().splitlines() if ln.startswith("| squeeze | 70 |")][0]
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        # limit, peak, failcnt, cache, rss, shmem; the server: no limit, peak, cache, rss
+        self.assertEqual(cells[2:], ["192", "192", "5123", "143", "38", "50", "none", "286", "238", "48"])
+
+    def test_no_memory_table_without_a_memory_group(self):
+        r = pf.record(os.path.join(FIXTURE, "sysbench-ff70-squeeze"))
+        self.assertNotIn("memory_pg", r)
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            pf.memory_table("sysbench", [r], ["squeeze"], [70])
+        self.assertEqual(buf.getvalue(), "")
+
+
 class Table(unittest.TestCase):
     def test_ratios_against_ff100_and_against_the_plain_file(self):
         buf = io.StringIO()
@@ -86,6 +147,14 @@ class Table(unittest.TestCase):
         self.assertEqual(rows["70"][1:], ["0.80x", "1.10x", "0.53x", "1.31x", "1.31x", "1.81x", "0.29x"])
         self.assertEqual(rows["100"][1:3], ["1.00x", "1.00x"])
         self.assertIn("pg_test_fsync on squeeze", out)
+        # the side-by-side table: TPS, reads/tx (no blks.txt in the fixture), physical MiB
+        side = [ln for ln in out.splitlines() if ln.startswith("| 70 |") and "MiB" not in ln
+                and "(" in ln]
+        self.assertEqual(len(side), 1)
+        cells = [c.strip() for c in side[0].strip("|").split("|")]
+        # squeeze: 2602 TPS, no reads, 12451723 bytes = 11.9 MiB, 1.10x its ff 100; plain 1437
+        self.assertEqual(cells[1:4], ["2602", "0.00 / –", "12 (1.10x)"])
+        self.assertEqual(cells[4], "1437")
         self.assertIn("Whole squeeze volume at the end", out)
 
 

@@ -59,6 +59,9 @@ enum Command {
     Compact(cmd::compact::Args),
     /// Serve volumes over NBD.
     Serve(cmd::serve::Args),
+    /// Attach /dev/nbdN to an export with the kernel's NBD client, and
+    /// keep it attached across server restarts.
+    NbdAttach(cmd::nbd_attach::Args),
     Scan(cmd::scan::Args),
     Tco(cmd::tco::Args),
     Chart(cmd::chart::Args),
@@ -95,6 +98,7 @@ fn main() -> ExitCode {
         Command::Check(a) => cmd::check::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::NbdAttach(a) => cmd::nbd_attach::run(a),
         Command::Compact(a) => cmd::compact::run(a),
         Command::Scan(a) => cmd::scan::run(a),
         Command::Tco(a) => cmd::tco::run(a),

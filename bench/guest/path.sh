@@ -9,7 +9,10 @@
 #   nbd     /dev/nbd0 from the kernel's nbd client (`nbd-client -unix SOCK /dev/nbd0 -C 2`)
 #   fuse    a loop device (direct I/O) on squeeze's FUSE export (`squeeze serve --fuse-dir`)
 #   fuse-buffered  the same with the server's backing file written through the page cache
-#           (SQUEEZE_IO=buffered), as `serve --ublk` always writes it: not in the default PATHS
+#           (SQUEEZE_IO=buffered), as `serve --ublk` wrote it until 2026-11-27: not in the
+#           default PATHS
+#   ublk-buffered  ublk with the backing file written through the page cache (SQUEEZE_IO=
+#           buffered): the ublk server as it was until 2026-11-27; not in the default PATHS
 # Every squeeze volume is made with --mode none, so that compression does not hide the path.
 # fio jobs (libaio, O_DIRECT, QD32): 128 KiB sequential write of SIZE (once, whole), then for
 # RUNTIME seconds each a 128 KiB sequential read, 4 KiB random writes and 4 KiB random reads
@@ -26,7 +29,8 @@
 # Environment (run.sh passes SQUEEZE_TEST_*): SQUEEZE_TEST_PATHS ("plain ublk nbd fuse"),
 # SQUEEZE_TEST_SIZE (fio's region, written whole first, 512M), SQUEEZE_TEST_RUNTIME
 # (seconds of each later job, 20), SQUEEZE_TEST_REPS (1: rounds over every path in this boot),
-# SQUEEZE_TEST_JOBS ("seqwrite-128k seqread-128k randwrite-4k randread-4k").
+# SQUEEZE_TEST_JOBS ("seqwrite-128k seqread-128k randwrite-4k randread-4k"),
+# SQUEEZE_TEST_PROFILE (1: each job's tasks' CPU before and after, REP-PATH-JOB.tasks0/1).
 set -u
 BIN=${SQUEEZE_BIN:-squeeze}
 OUT=${GUEST_OUT:-/tmp/path-out}
@@ -100,10 +104,15 @@ setup() {
       LOOP=$(losetup -f --show --direct-io=on "$W/plain.img") || return 1
       DEV=$LOOP
       ;;
-    ublk)
+    ublk | ublk-buffered)
+      # ublk-buffered: the backing file written through the page cache (as every ublk
+      # server did before the queues wrote the pool out before answering a write).
       [[ -c /dev/ublk-control ]] || modprobe ublk_drv || return 1
-      serve "$OUT/$rep-ublk.serve.log" "log:block device: /dev/ublkb0" \
+      SERVE_IO=direct
+      [[ $path == ublk ]] || SERVE_IO=buffered
+      serve "$OUT/$rep-$path.serve.log" "log:block device: /dev/ublkb0" \
         --ublk --ublk-id 0 "$W/vol.sqz" || return 1
+      SERVE_IO=
       DEV=/dev/ublkb0
       ;;
     nbd)
@@ -115,7 +124,7 @@ setup() {
       ;;
     fuse | fuse-buffered)
       # fuse-buffered: the server writes its backing file through the page cache, as a ublk
-      # server always does (docs/ARCHITECTURE.md, "ublk"): the FUSE export with ublk's I/O mode.
+      # server did until 2026-11-27: the FUSE export with the old ublk server's I/O mode.
       SERVE_IO=direct
       [[ $path == fuse ]] || SERVE_IO=buffered
       serve "$OUT/$rep-$path.serve.log" "$W/fuse/vol" \
@@ -162,6 +171,34 @@ dev_sectors() {
   read -r _rio _rm rsec _rt _wio _wm wsec _rest <"$DEV_STAT"
   REPLY=$((rsec + wsec))
 }
+# tasks_snapshot FILE: with SQUEEZE_TEST_PROFILE=1, every task's CPU so far into FILE (one line
+# a task: pid tid comm utime stime, ticks), then /proc/stat's cpu, ctxt and intr lines: where the
+# guest's CPU went over a job, by process, thread and kernel thread (bench/guest_path.sh's
+# profile.md), and the IPIs. Builtins only; taken before the job's window opens and after it closes.
+tasks_snapshot() {
+  [[ ${SQUEEZE_TEST_PROFILE:-0} == 1 ]] || return 0
+  local t st comm f line rest pid tid
+  {
+    for t in /proc/[0-9]*/task/[0-9]*/stat; do
+      { read -r st <"$t"; } 2>/dev/null || continue
+      comm=${st#*(}
+      comm=${comm%)*}
+      read -r -a f <<<"${st##*) }"
+      tid=${t%/stat}
+      tid=${tid##*/}
+      pid=${t#/proc/}
+      pid=${pid%%/*}
+      echo "task $pid $tid ${comm// /_} ${f[11]} ${f[12]}"
+    done
+    while read -r line rest; do
+      case $line in cpu) echo "cpu $rest" ;; ctxt | intr) echo "$line ${rest%% *}" ;; esac
+    done </proc/stat
+    while read -r line rest; do
+      case $line in RES: | CAL: | TLB: | LOC:) echo "irq ${line%:} $rest" ;; esac
+    done </proc/interrupts
+  } >"$1"
+}
+
 # nap: sleep 50 ms without a fork (a read that times out on a pipe nobody writes).
 exec {NAP}<> <(:)
 nap() { read -r -t 0.05 -u "$NAP" _ || true; }
@@ -196,6 +233,7 @@ job() {
     ((REPLY == s)) || break
     nap
   done
+  tasks_snapshot "$tag.tasks0"
   cpu_busy && b0=$REPLY
   server_cpu && p0=$REPLY
   dev_sectors && s0=$REPLY
@@ -206,6 +244,7 @@ job() {
   cpu_busy && b1=$REPLY
   server_cpu && p1=$REPLY
   dev_sectors && s1=$REPLY
+  tasks_snapshot "$tag.tasks1"
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$rep" "$path" "$name" "$((b1 - b0))" "$((p1 - p0))" "$HZ" \
     "$(((s1 - s0) * 512))" >>"$OUT/results.tsv"
   say "$path $name: $(awk -v b=$((b1 - b0)) -v p=$((p1 - p0)) -v hz="$HZ" -v n=$(((s1 - s0) * 512)) \

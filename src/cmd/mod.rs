@@ -11,6 +11,7 @@ pub mod export;
 pub mod import;
 pub mod info;
 pub mod kv;
+pub mod nbd_attach;
 pub mod resize;
 pub mod scan;
 pub mod serve;

@@ -341,29 +341,8 @@ pub(crate) fn flush(inner: &Inner) -> Result<()> {
     inner.check_not_poisoned()?;
     let target = inner.tickets.issued();
     inner.tickets.wait_below(target);
-    // Stage 1: every record of a ticket below `target` reaches the file
-    // (the write-behind pool's staged bytes are written out), taking
-    // along whatever completed meanwhile.
-    {
-        let _w = inner.write_out_lock.lock();
-        inner.check_not_poisoned()?;
-        if inner.written.load(Ordering::Acquire) < target {
-            // Tickets are issued under the log lock in seq order: every
-            // record of a ticket below `upto` has a seq below `upto_seq`.
-            let (upto, upto_seq, upto_end) = {
-                let log = inner.log.lock();
-                (inner.tickets.issued(), log.next_seq, log.head_offset)
-            };
-            inner.tickets.wait_below(upto);
-            if let Err(e) = inner.storage.write_out() {
-                let e = EngineError::Io(e);
-                inner.poison(&e);
-                return Err(e);
-            }
-            *inner.written_seq.lock() = (upto_seq, upto_end);
-            inner.written.store(upto, Ordering::Release);
-        }
-    }
+    // Stage 1: every record of a ticket below `target` reaches the file.
+    write_out_below(inner, target)?;
     // Stage 2: one fdatasync makes durable every write that completed
     // before it began: all that stage 1 reported written when it starts.
     // While it runs, the next group's stage 1 writes out (pipelined:
@@ -416,6 +395,43 @@ pub(crate) fn flush(inner: &Inner) -> Result<()> {
         return Err(e);
     }
     inner.counters.add(Counter::Flushes, 1);
+    Ok(())
+}
+
+/// Hands every record appended before the call to the backing file (the
+/// write-behind pool's staged bytes are written out), not durably: a kill
+/// of this process no longer loses them, a crash of the machine may until
+/// the next flush. The first stage of [`flush`] alone; concurrent callers
+/// share one write-out.
+pub(crate) fn write_out(inner: &Inner) -> Result<()> {
+    inner.check_not_poisoned()?;
+    let target = inner.tickets.issued();
+    inner.tickets.wait_below(target);
+    write_out_below(inner, target)
+}
+
+/// Every record of a ticket below `target` (all complete) reaches the file,
+/// taking along whatever completed meanwhile; nothing to do when an
+/// earlier write-out already covered `target`.
+fn write_out_below(inner: &Inner, target: u64) -> Result<()> {
+    let _w = inner.write_out_lock.lock();
+    inner.check_not_poisoned()?;
+    if inner.written.load(Ordering::Acquire) < target {
+        // Tickets are issued under the log lock in seq order: every
+        // record of a ticket below `upto` has a seq below `upto_seq`.
+        let (upto, upto_seq, upto_end) = {
+            let log = inner.log.lock();
+            (inner.tickets.issued(), log.next_seq, log.head_offset)
+        };
+        inner.tickets.wait_below(upto);
+        if let Err(e) = inner.storage.write_out() {
+            let e = EngineError::Io(e);
+            inner.poison(&e);
+            return Err(e);
+        }
+        *inner.written_seq.lock() = (upto_seq, upto_end);
+        inner.written.store(upto, Ordering::Release);
+    }
     Ok(())
 }
 

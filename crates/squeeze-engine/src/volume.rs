@@ -684,6 +684,19 @@ impl Volume {
         write::client_flush(&self.inner)
     }
 
+    /// Hands every write acknowledged before this call to the backing file,
+    /// not durably: once it returns, a kill of this process no longer loses
+    /// them (they are out of its memory: the write-behind pool's staged log
+    /// is written out), a crash of the machine still may until a flush.
+    /// Concurrent callers share one write-out. Nothing to do when the
+    /// volume writes through the page cache.
+    pub fn write_out(&self) -> Result<()> {
+        if self.inner.read_only {
+            return Ok(());
+        }
+        crate::append::write_out(&self.inner)
+    }
+
     /// Runs one bounded cleaner pass (at most one victim segment) if there
     /// is garbage worth collecting.
     pub fn clean_pass(&self) -> Result<Option<CleanReport>> {

@@ -278,3 +278,31 @@ fn free_physical_is_bounded_by_the_file_system() {
     );
     v.close().unwrap();
 }
+
+/// `write_parts_at` through the page cache (one pwritev, no concatenation):
+/// parts of any length, empty ones and more than the kernel takes in one
+/// call (1024) land back to back.
+#[test]
+fn buffered_write_parts_land_back_to_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v.sqz");
+    let s = FileStorage::create_with(&path, IoMode::Buffered).unwrap();
+    let mut r = StdRng::seed_from_u64(5);
+    let bufs: Vec<Vec<u8>> = (0..1500)
+        .map(|i| {
+            let n = if i % 7 == 0 { 0 } else { r.gen_range(1..300) };
+            (0..n).map(|_| r.gen()).collect()
+        })
+        .collect();
+    let parts: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
+    let at = 12_345u64;
+    let mut model = vec![0u8; at as usize];
+    model.extend(parts.concat());
+    s.allocate(0, model.len() as u64).unwrap();
+    s.write_parts_at(&parts, at).unwrap();
+    let mut got = vec![0u8; model.len()];
+    s.read_at(&mut got, 0).unwrap();
+    assert!(got == model, "read back differs");
+    s.sync().unwrap();
+    file_equals_model(&path, &model, "after sync");
+}

@@ -18,6 +18,9 @@
 //! - `request`: request parsing, validation and errno mapping;
 //! - `reply`: simple and structured reply encoding;
 //! - `device`: the `BlockDevice` trait and the sparse `MemDevice`;
+//! - `client_handshake`: the other side, for a client that hands its
+//!   socket to the kernel's NBD driver (`squeeze nbd-attach`): fixed
+//!   newstyle, NBD_OPT_GO, the export's size and flags;
 //! - `proto`: wire constants; `stats`: counters; `printable`: client
 //!   strings made safe (cut, escaped) for log lines.
 //!
@@ -36,6 +39,7 @@
 //! ```
 
 pub mod access;
+pub mod client_handshake;
 pub mod device;
 pub mod handshake;
 mod printable;
@@ -47,6 +51,7 @@ pub mod stats;
 pub mod tls;
 
 pub use access::IpNet;
+pub use client_handshake::{negotiate, ExportInfo, NegotiateError};
 pub use device::{BlockDevice, MemDevice, MEM_PAGE_BYTES};
 pub use handshake::HandshakeError;
 pub use request::errno_for;

@@ -39,6 +39,16 @@ pub struct Args {
     /// remove the devices. NBD then listens only with --socket or --listen.
     #[arg(long)]
     pub ublk: bool,
+    /// Every write answered outlives a crash of this server process: the
+    /// volumes write through the page cache (as SQUEEZE_IO=buffered)
+    /// instead of the write-behind pool, which loses up to 32 MiB of
+    /// answered, unflushed writes with the process. Needed under a client
+    /// that reconnects to a restarted server and goes on
+    /// (`squeeze nbd-attach`): its file system trusts what it was
+    /// answered, flushed or not. --ublk needs none of it: its queues answer
+    /// a write once the pool has written it out.
+    #[arg(long)]
+    pub restartable: bool,
     /// With --ublk: the device id (N of /dev/ublkbN) of each volume, in
     /// order (repeatable). Default: the device a killed server left for
     /// the volume, else the first free id.

@@ -16,6 +16,14 @@ fn io_err(e: EngineError) -> io::Error {
     e.into_io()
 }
 
+impl VolumeDevice {
+    /// Hands every write answered so far to the backing file, not durably
+    /// (`Volume::write_out`): a kill of this process no longer loses them.
+    pub fn write_out(&self) -> io::Result<()> {
+        self.vol.write_out().map_err(io_err)
+    }
+}
+
 impl BlockDevice for VolumeDevice {
     fn size(&self) -> u64 {
         self.vol.size()

@@ -28,10 +28,12 @@
 //! error), and requests the dead server had taken are re-issued to the
 //! next one (the engine takes a second write of the same bytes as a
 //! write). That is only safe if the death lost no write it had answered:
-//! the file system above goes on, trusting them. So the volumes of a ublk
-//! server write through the page cache (the engine's buffered I/O path,
-//! as `SQUEEZE_IO=buffered`), which outlives the process; the default
-//! write-behind pool would lose up to 32 MiB of answered, unflushed log.
+//! the file system above goes on, trusting them. The volumes keep the
+//! default write-behind pool (staged log in this process's memory, written
+//! with O_DIRECT), so the queues answer a write only once a write-out has
+//! handed its bytes to the file (`ublk_queue`: one O_DIRECT write for
+//! every write that finished meanwhile); what the file holds outlives the
+//! process.
 //! A crash of the machine itself takes the file system down too; what
 //! was flushed survives it, as on a disk with a volatile cache.
 //!

@@ -46,10 +46,13 @@ fn cpu_source() -> Option<Arc<dyn squeeze_engine::pipeline::headroom::BusySource
 
 fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
     // A ublk device outlives a crash of this server, and the file system
-    // on it goes on trusting every write it was answered: those must
-    // outlive the process too, so they go through the page cache
-    // (docs/ARCHITECTURE.md, "ublk").
-    let io = if a.ublk {
+    // on it goes on trusting every write it was answered: the ublk queues
+    // write the pool out before they answer (ublk_queue.rs), in either
+    // mode (docs/ARCHITECTURE.md, "ublk"). An nbd device under `squeeze
+    // nbd-attach` outlives it too, but NBD answers a write before the
+    // pool is written out: with `--restartable` those writes go through
+    // the page cache, so that they outlive the process.
+    let io = if a.restartable {
         IoMode::Buffered
     } else {
         IoMode::from_env()

@@ -317,6 +317,45 @@ fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Writes `parts` back to back from `offset` with pwritev (no copy into
+/// one buffer first), retrying short writes.
+fn write_parts_full(file: &File, parts: &[&[u8]], offset: u64) -> io::Result<()> {
+    // The kernel takes at most IOV_MAX (1024) vectors a call.
+    const MAX_IOV: usize = 1024;
+    let mut iov: Vec<io::IoSlice> = parts
+        .iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| io::IoSlice::new(p))
+        .collect();
+    let mut slices = &mut iov[..];
+    let mut at = offset;
+    while !slices.is_empty() {
+        let n = slices.len().min(MAX_IOV);
+        // SAFETY: IoSlice is ABI-compatible with iovec; `n` live slices.
+        let rc = unsafe {
+            libc::pwritev(
+                file.as_raw_fd(),
+                slices.as_ptr().cast::<libc::iovec>(),
+                n as libc::c_int,
+                at as libc::off_t,
+            )
+        };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if rc == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        at += rc as u64;
+        io::IoSlice::advance_slices(&mut slices, rc as usize);
+    }
+    Ok(())
+}
+
 impl FileStorage {
     /// Opens an existing file for reading and writing, locked against any
     /// other process opening it (two writers would corrupt the log).
@@ -517,7 +556,7 @@ impl Storage for FileStorage {
     fn write_parts_at(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
         match &self.direct {
             Some(d) => d.write(parts, offset),
-            None => self.file.write_all_at(&parts.concat(), offset),
+            None => write_parts_full(&self.file, parts, offset),
         }
     }
 
