@@ -19,6 +19,9 @@
 //! - tests/fixtures/format-v5.sqz (format 5: chunked payloads, 32 KiB
 //!   chunks, no block payloads): the same recipe, written by the build at
 //!   0a2e4d9.
+//! - tests/fixtures/format-v6.sqz (format 6: block payloads possible, no
+//!   Link records or indirect map entries): the same recipe, written by
+//!   the build at 54bac49.
 //!
 //! Any change to the on-disk format must keep these passing (or bump the
 //! version and add a migration, with a new fixture). The map pages out to
@@ -117,6 +120,46 @@ fn a_version_4_volume_opens_checks_and_reads_back() {
 #[test]
 fn a_version_5_volume_opens_checks_and_reads_back() {
     opens_checks_reads_back_and_upgrades("format-v5.sqz", 5, "zstd:3");
+}
+
+#[test]
+fn a_version_6_volume_opens_checks_and_reads_back() {
+    opens_checks_reads_back_and_upgrades("format-v6.sqz", 6, "zstd:3");
+}
+
+/// A version 5 volume deduplicates once its superblock says version 7:
+/// `compact --dedup` checkpoints first, then links, and it reads back
+/// and checks clean, with the copies shared.
+#[test]
+fn a_version_5_volume_deduplicates_after_its_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = copy_fixture("format-v5.sqz", dir.path());
+    let v = vol.to_str().unwrap();
+    let data = export_256k(v, &dir.path().join("out.bin"));
+    // A second copy of the first 256 KiB, 2 MiB further on.
+    let copy = dir.path().join("copy.bin");
+    let mut twice = vec![0u8; 2 << 20];
+    twice.extend_from_slice(&data);
+    std::fs::write(&copy, &twice).unwrap();
+    let o = squeeze(&["import", copy.to_str().unwrap(), v]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // import wrote 2 MiB of zeros over the first copy: put it back.
+    let first = dir.path().join("first.bin");
+    std::fs::write(&first, &data).unwrap();
+    let o = squeeze(&["import", first.to_str().unwrap(), v]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = squeeze(&["compact", v, "--dedup", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rep: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // 63 of the 64 sectors hold data (the fixture's last 4 KiB are zeros).
+    assert_eq!(rep["dedup"]["sectors_promoted"], 63, "{rep:#}");
+    let i = info(v);
+    assert_eq!(i["format_version"], squeeze_format::DEDUP_VERSION);
+    check(v);
+    assert_eq!(export_256k(v, &dir.path().join("again.bin")), data);
+    let o = squeeze(&["stats", v, "--json"]);
+    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(st["dedup_references"], 2 * 63, "{st:#}");
 }
 
 /// Sectors like a sparse write-ahead log's commits: 128 bytes (half random,
@@ -243,6 +286,7 @@ fn a_version_4_volume_chunks_new_blobs_once_asked() {
     };
     write_at(1 << 20);
     let i = info(v);
+    // Its checkpoint made it this build's version (5 or later).
     assert_eq!(i["format_version"], squeeze_format::FORMAT_VERSION);
     assert_eq!(i["policy"]["read_chunk"], 0);
     assert!(data_records(&vol).iter().all(|h| !h.is_chunked()));

@@ -13,8 +13,9 @@
 //! op % 10: 0 write (arg: bits 0-2 data kind, bit 3 FUA, bits 4-5 hint,
 //! bits 6-7 seed), 1 read, 2 trim (arg bit 3 FUA), 3 write-zeroes (bit 3
 //! FUA), 4 flush, 5 checkpoint, 6 close + reopen, 7 cleaner pass (arg
-//! bit 0: merge every fragmented window first), 8 set policy (arg),
-//! 9 block status.
+//! bit 0: merge every fragmented window first; bit 1: a deduplication
+//! pass first, which shares what writes of the same kind, seed and
+//! length repeated), 8 set policy (arg), 9 block status.
 
 #![no_main]
 
@@ -193,6 +194,11 @@ fuzz_target!(|input: &[u8]| {
                 f.check_all(&format!("{what}: after reopen"));
             }
             7 => {
+                if arg & 2 != 0 {
+                    f.vol()
+                        .dedup(1 << 20, |_, _| {})
+                        .unwrap_or_else(|e| panic!("{what}: dedup: {e}"));
+                }
                 if arg & 1 != 0 {
                     f.vol()
                         .merge(|_, _| {})

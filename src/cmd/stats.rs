@@ -136,6 +136,17 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         human(s.free_physical_bytes)
     );
     outln!("compression ratio      {:.3}", s.compression_ratio);
+    if s.dedup_references > 0 || s.dedup_orphans > 0 {
+        outln!(
+            "deduplication          {} saved: {} sectors share {} stored once ({:.2} each), {} unshared waiting to be zeroed; data reduction {:.3}",
+            human(s.dedup_saved_bytes),
+            s.dedup_references,
+            s.dedup_shared_sectors,
+            s.dedup_references_per_shared_sector,
+            s.dedup_orphans,
+            s.data_reduction_ratio
+        );
+    }
     outln!(
         "effective ratio        {:.3} (mapped / physical)",
         s.effective_ratio

@@ -40,6 +40,9 @@ pub(crate) enum Room {
     /// The merger's rewrites: room as for client data (they never eat the
     /// cleaner's reserve), counted apart from client data.
     Merge,
+    /// Deduplication's shared content and Links: room as for client data,
+    /// counted apart from it.
+    Dedup,
 }
 
 /// Segments client data leaves free for the cleaner and for trims.
@@ -48,7 +51,7 @@ pub const CLEANER_RESERVE_SEGMENTS: u64 = 2;
 impl Room {
     pub(crate) fn extra_segments(self) -> u64 {
         match self {
-            Room::Data | Room::Merge => 1 + CLEANER_RESERVE_SEGMENTS,
+            Room::Data | Room::Merge | Room::Dedup => 1 + CLEANER_RESERVE_SEGMENTS,
             Room::Reserve | Room::Cleaner => 1,
         }
     }
@@ -84,7 +87,7 @@ pub(crate) fn segment_header(uuid: &[u8; 16], seq: u64, segment: SegmentId) -> R
 /// The payload CRC an item's record carries (0 for zero records).
 fn payload_crc(item: &Item, buf: &[u8]) -> u32 {
     match item {
-        Item::Zero { .. } => 0,
+        Item::Zero { .. } | Item::Link { .. } => 0,
         _ => item.known_crc().unwrap_or_else(|| {
             let p = item.payload(buf);
             debug_assert_eq!(p.chunk_sectors, 0, "a chunked payload knows its CRC");
@@ -112,6 +115,11 @@ fn item_header(
             lba, sectors, from, ..
         } => (RecordKind::Relocate, *lba, *sectors, *from),
         Item::Blob { lba, sectors, .. } => (RecordKind::Extent, *lba, *sectors, 0),
+        Item::Link {
+            lba,
+            sectors,
+            target,
+        } => (RecordKind::Link, *lba, *sectors, *target),
     };
     let payload = item.payload(buf);
     let stored_len = payload.len() as u32;
@@ -216,6 +224,7 @@ pub(crate) fn append(inner: &Inner, items: &[Item], buf: &[u8], room: Room) -> R
     for (it, len) in items.iter().zip(&lens) {
         match it {
             Item::Zero { .. } => {}
+            Item::Link { sectors, .. } => c.add(Counter::DedupLinkedSectors, u64::from(*sectors)),
             Item::Moved { recompressed, .. } => {
                 c.add(Counter::CleanerBytesMoved, *len);
                 c.add(Counter::RecompressedBlobs, u64::from(*recompressed));
@@ -234,6 +243,8 @@ pub(crate) fn append(inner: &Inner, items: &[Item], buf: &[u8], room: Room) -> R
                 if room == Room::Merge {
                     c.add(Counter::MergedSectors, u64::from(*sectors));
                     c.add(Counter::MergedBytes, *len);
+                } else if room == Room::Dedup {
+                    c.add(Counter::DedupSharedWrites, u64::from(*sectors));
                 } else {
                     c.add(Counters::codec_bytes(payload.codec), raw);
                     c.add(Counter::ClientBytesCompressed, *len);

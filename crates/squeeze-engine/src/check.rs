@@ -8,6 +8,7 @@
 use crate::damage::RecoveryDamage;
 use crate::read::read_extent;
 use crate::volume::Volume;
+use squeeze_format::map_entry::is_shared;
 use squeeze_format::{Superblock, SECTOR_SIZE, SUPERBLOCK_SIZE};
 
 /// A run of damaged sectors and why.
@@ -84,11 +85,20 @@ pub fn check(vol: &Volume, mut progress: impl FnMut(u64, u64)) -> CheckReport {
     report.accounting = vol.verify_accounting().err().map(|e| e.to_string());
     let total = inner.state.read().map.mapped();
     let mut out = vec![0u8; 32 * SECTOR_SIZE];
+    let mut shared_refs = 0u64;
     // Chunk by chunk (a paged-out map is read back as it goes).
     let walked = crate::meta::pager::for_each_chunk(inner, |_, entries| {
         let mut i = 0;
         while i < entries.len() {
             let (lba, e) = entries[i];
+            if e.is_indirect() {
+                // Its content is its hidden address's record, checked
+                // where the walk meets that address (below, the damage
+                // of a shared record is reported at every LBA sharing it).
+                shared_refs += 1;
+                i += 1;
+                continue;
+            }
             let mut j = i + 1;
             while j < entries.len()
                 && j - i < 32
@@ -144,6 +154,38 @@ pub fn check(vol: &Volume, mut progress: impl FnMut(u64, u64)) -> CheckReport {
         report
             .accounting
             .get_or_insert_with(|| format!("reading the map: {e}"));
+    }
+    // Damage at hidden addresses is damage of every client sector that
+    // shares them: a second walk names those.
+    let hidden: Vec<Damage> = report
+        .damaged
+        .iter()
+        .filter(|d| is_shared(d.first_lba))
+        .cloned()
+        .collect();
+    if shared_refs > 0 && !hidden.is_empty() {
+        let mut clients = Vec::new();
+        let walked = crate::meta::pager::for_each_chunk(inner, |_, entries| {
+            for &(lba, e) in entries {
+                let Some(t) = e.target() else { continue };
+                if let Some(d) = hidden
+                    .iter()
+                    .find(|d| (d.first_lba..d.first_lba + d.sectors).contains(&t))
+                {
+                    let why = format!(
+                        "shares the damaged hidden addresses from {:#x}: {}",
+                        d.first_lba, d.error
+                    );
+                    note_damage(&mut clients, lba, 1, why);
+                }
+            }
+        });
+        if let Err(e) = walked {
+            report
+                .accounting
+                .get_or_insert_with(|| format!("reading the map: {e}"));
+        }
+        report.damaged.extend(clients);
     }
     report
 }

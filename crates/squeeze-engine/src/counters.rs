@@ -60,9 +60,11 @@ counters! {
     BurstRawUpgradedBytes = 40, "Of those, raw bytes in segments the upgrade rewrote with the policy's codec.";
     SqueezedBytes = 41, "Raw bytes the idle squeeze rewrote with the policy's idle level (space::squeeze).";
     SqueezeNs = 42, "Wall-clock nanoseconds the idle squeeze spent.";
+    DedupLinkedSectors = 43, "Client sectors deduplicated: linked to a hidden address (Link records), over the volume's life.";
+    DedupSharedWrites = 44, "Sectors written at hidden addresses: the one copy of content that several client sectors share.";
 }
 
-pub const COUNTERS: usize = 43;
+pub const COUNTERS: usize = 45;
 
 pub struct Counters {
     v: [AtomicU64; COUNTERS],

@@ -225,6 +225,17 @@ pub enum Accounting {
     LiveBytes { usage: u64, implied: u64 },
     #[error("chunk {chunk} paged")]
     ChunkPaged { chunk: u64 },
+    /// A hidden address's reference count is not the number of indirect
+    /// entries naming it (deduplication).
+    #[error("hidden address {target:#x}: {counted} references counted, the map holds {implied}")]
+    References {
+        target: u64,
+        counted: u32,
+        implied: u32,
+    },
+    /// A client sector shares a hidden address that holds no record.
+    #[error("LBA {lba} shares hidden address {target:#x}, which holds no record")]
+    DanglingReference { lba: u64, target: u64 },
     #[error(
         "map chunk {chunk}: the checkpoint chain (pieces {pieces:?}) does not hold what the map \
          does"

@@ -30,6 +30,7 @@ pub(crate) mod chain_index;
 pub mod check;
 pub mod counters;
 pub mod damage;
+pub mod dedup;
 pub mod error;
 pub mod locks;
 pub(crate) mod maintenance;

@@ -106,6 +106,15 @@ fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
         }
         return true;
     }
+    // Shared content no client sector refers to any more (its sharers
+    // were overwritten or trimmed): zeroed, so the cleaner can take it.
+    if inner.state.read().shared.orphan_count() > 0 {
+        match crate::dedup::orphans::zero_now(inner) {
+            Ok(n) if n > 0 => return true,
+            Ok(_) => {}
+            Err(e) => tracing::info!("zeroing unshared content stopped: {e}"),
+        }
+    }
     // Bytes written below the target under load: rewritten with it now.
     match upgrade::upgrade_pass(inner) {
         Ok(Some(_)) => return true,

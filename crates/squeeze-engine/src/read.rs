@@ -10,6 +10,7 @@ use crate::error::{EngineError, Result};
 use crate::meta::pager;
 use crate::state::Inner;
 use squeeze_codec::CodecError;
+use squeeze_format::map_entry::is_shared;
 use squeeze_format::{CodecId, FormatError, MapEntry, RecordHeader, RECORD_ALIGN, SECTOR_SIZE};
 
 const SECTOR: u64 = SECTOR_SIZE as u64;
@@ -338,11 +339,50 @@ fn read_sectors_mapped(inner: &Inner, lba: u64, out: &mut [u8]) -> Result<bool> 
     let n = out.len() / SECTOR_SIZE;
     let _gate = inner.gate.read();
     let mut entries = vec![MapEntry::UNMAPPED; n];
-    pager::with_map(inner, |st| st.map.get_range(lba, &mut entries))?;
+    // Deduplicated sectors read their hidden address's record, looked up
+    // under the same map lock (a hidden address is zeroed only once no
+    // sector refers to it): `rec_lba` is the logical address each record
+    // is checked against.
+    let mut rec_lba: Vec<u64> = Vec::new();
+    let shared = pager::with_map(inner, |st| {
+        st.map.get_range(lba, &mut entries)?;
+        if !entries.iter().any(|e| e.is_indirect()) {
+            return Ok(false);
+        }
+        rec_lba.clear();
+        rec_lba.extend(lba..lba + n as u64);
+        for (e, r) in entries.iter_mut().zip(rec_lba.iter_mut()) {
+            if let Some(t) = e.target() {
+                *e = st.map.get(t)?;
+                *r = t;
+            }
+        }
+        Ok(true)
+    })?;
+    if shared {
+        if let Some(i) = entries
+            .iter()
+            .zip(&rec_lba)
+            .position(|(e, &r)| is_shared(r) && !e.is_direct())
+        {
+            inner.counters.add(Counter::ChecksumErrors, 1);
+            return Err(EngineError::Corrupt {
+                lba: lba + i as u64,
+                source: squeeze_format::FormatError::Invalid {
+                    what: "map",
+                    why: format!(
+                        "the sector shares hidden address {:#x}, which holds no record",
+                        rec_lba[i]
+                    ),
+                },
+            });
+        }
+    }
     if entries.iter().all(|e| !e.is_mapped()) {
         out.fill(0);
         return Ok(true);
     }
+    let rec = |i: usize| if shared { rec_lba[i] } else { lba + i as u64 };
     // Runs of sectors i..j that come from consecutive indices of one record.
     let mut runs: Vec<(usize, usize, MapEntry)> = Vec::new();
     let mut i = 0;
@@ -393,11 +433,13 @@ fn read_sectors_mapped(inner: &Inner, lba: u64, out: &mut [u8]) -> Result<bool> 
             read_extent(
                 inner,
                 e,
-                lba + i as u64,
+                rec(i),
                 &mut out[i * SECTOR_SIZE..j * SECTOR_SIZE],
                 stream,
-            )?;
+            )
+            .map_err(|err| at_client(err, lba + i as u64))?;
         } else {
+            let rec_of = &rec;
             SPAN_BUF.with_borrow_mut(|span| -> Result<()> {
                 span.resize((end - first) as usize, 0);
                 read_log(inner, span, first, stream)?;
@@ -407,10 +449,11 @@ fn read_sectors_mapped(inner: &Inner, lba: u64, out: &mut [u8]) -> Result<bool> 
                     decode_extent(
                         inner,
                         e,
-                        lba + i as u64,
+                        rec_of(i),
                         rec,
                         &mut out[i * SECTOR_SIZE..j * SECTOR_SIZE],
-                    )?;
+                    )
+                    .map_err(|err| at_client(err, lba + i as u64))?;
                 }
                 Ok(())
             })?;
@@ -418,6 +461,22 @@ fn read_sectors_mapped(inner: &Inner, lba: u64, out: &mut [u8]) -> Result<bool> 
         g = h;
     }
     Ok(false)
+}
+
+/// An error met reading the record of a hidden address on behalf of
+/// client sector `client`: it names the client's sector.
+fn at_client(e: EngineError, client: u64) -> EngineError {
+    match e {
+        EngineError::Corrupt { source, .. } => EngineError::Corrupt {
+            lba: client,
+            source,
+        },
+        EngineError::Codec { source, .. } => EngineError::Codec {
+            lba: client,
+            source,
+        },
+        e => e,
+    }
 }
 
 /// Allocation status of `[offset, offset+len)`: runs of (length, hole).

@@ -56,6 +56,9 @@ pub(crate) struct Inner {
     pub log: Mutex<LogState>,
     pub state: RwLock<MapState>,
     pub ranges: RangeLocks,
+    /// Held by a deduplication pass and by the zeroing of orphans: one of
+    /// them at a time (`dedup`).
+    pub dedup_lock: Mutex<()>,
     pub tickets: Tickets,
     /// Readers hold it shared from map lookup to the end of their read;
     /// freeing segments takes it exclusively, so no reader ever reads a

@@ -36,8 +36,38 @@ pub struct VolumeStats {
     pub physical_limit_bytes: u64,
     /// Set when less than 10% of the physical cap is left (as VDO warns).
     pub space_warning: Option<String>,
-    /// mapped_bytes / stored_bytes.
+    /// What compression alone gives: the bytes the live records hold
+    /// before compression (mapped_bytes less dedup_saved_bytes) over
+    /// stored_bytes.
     pub compression_ratio: f64,
+    /// Compression and deduplication together: mapped_bytes / stored_bytes.
+    #[serde(default)]
+    pub data_reduction_ratio: f64,
+    /// Deduplication (docs/DEDUP.md): hidden addresses holding content
+    /// that client sectors share, the client sectors that share one
+    /// (indirect map entries), and the logical bytes sharing saved
+    /// (references beyond the first of each content, x 4 KiB).
+    #[serde(default)]
+    pub dedup_shared_sectors: u64,
+    #[serde(default)]
+    pub dedup_references: u64,
+    #[serde(default)]
+    pub dedup_saved_bytes: u64,
+    /// References per shared sector (dedup_references / dedup_shared_sectors).
+    #[serde(default)]
+    pub dedup_references_per_shared_sector: f64,
+    /// Hidden addresses no sector refers to any more, not zeroed yet.
+    #[serde(default)]
+    pub dedup_orphans: u64,
+    /// RAM of the reference counts.
+    #[serde(default)]
+    pub dedup_counts_memory_bytes: u64,
+    /// Over the volume's life: client sectors linked to shared content, and
+    /// sectors written once at hidden addresses.
+    #[serde(default)]
+    pub dedup_linked_sectors: u64,
+    #[serde(default)]
+    pub dedup_shared_writes: u64,
     /// Logical bytes over physical bytes on disk.
     pub effective_ratio: f64,
     pub bytes_per_algorithm: std::collections::BTreeMap<String, u64>,
@@ -220,10 +250,21 @@ pub struct VolumeStats {
 /// A point-in-time view of the counters and space.
 pub(crate) fn collect(inner: &Inner) -> VolumeStats {
     let c = &inner.counters;
+    let (shared_sectors, references, orphans, counts_mem) = {
+        let st = inner.state.read();
+        let sh = &st.shared;
+        (
+            sh.shared_sectors(),
+            sh.references(),
+            sh.orphan_count(),
+            sh.memory_bytes(),
+        )
+    };
     let (mapped, stored, map_mem, below_pending, burst_pending, dirty, chunks, paged) = {
         let st = inner.state.read();
         (
-            st.map.mapped(),
+            // Client sectors: the hidden addresses' own entries are not.
+            st.map.mapped() - st.shared.mapped(),
             st.usage.live_bytes,
             st.map_memory_bytes(),
             st.usage.below_target_total(),
@@ -266,6 +307,7 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
     let physical = inner.storage.physical_bytes().unwrap_or(0);
     let allocated = (segments_total - segments_free) * inner.seg_size + DATA_START;
     let mapped_bytes = mapped * SECTOR;
+    let dedup_saved = references.saturating_sub(shared_sectors) * SECTOR;
     let mut per_alg = std::collections::BTreeMap::new();
     for codec in CodecId::ALL {
         per_alg.insert(
@@ -292,7 +334,20 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         free_physical_bytes: free_physical,
         physical_limit_bytes: limit,
         space_warning,
-        compression_ratio: ratio(mapped_bytes, stored),
+        compression_ratio: ratio(mapped_bytes - dedup_saved, stored),
+        data_reduction_ratio: ratio(mapped_bytes, stored),
+        dedup_shared_sectors: shared_sectors,
+        dedup_references: references,
+        dedup_saved_bytes: dedup_saved,
+        dedup_references_per_shared_sector: if shared_sectors == 0 {
+            0.0
+        } else {
+            references as f64 / shared_sectors as f64
+        },
+        dedup_orphans: orphans,
+        dedup_counts_memory_bytes: counts_mem,
+        dedup_linked_sectors: c.get(Counter::DedupLinkedSectors),
+        dedup_shared_writes: c.get(Counter::DedupSharedWrites),
         effective_ratio: ratio(mapped_bytes, physical),
         bytes_per_algorithm: per_alg,
         blobs_compressed: c.get(Counter::BlobsCompressed),

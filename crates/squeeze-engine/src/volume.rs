@@ -140,6 +140,7 @@ impl Volume {
         let state = MapState {
             map: SectorMap::new(),
             usage: Usage::default(),
+            shared: Default::default(),
             chain: None,
         };
         let vol = Self::assemble(
@@ -364,6 +365,7 @@ impl Volume {
             log: Mutex::new(log),
             state: RwLock::new(state),
             ranges: RangeLocks::default(),
+            dedup_lock: Default::default(),
             tickets: Tickets::default(),
             gate: RwLock::new(()),
             write_out_lock: Mutex::new(()),
@@ -557,7 +559,11 @@ impl Volume {
         // The tail given up (or added): no write runs there meanwhile.
         let _range = self.inner.ranges.lock(first, last);
         if new_size < old {
-            let mapped = pager::with_map(&self.inner, |st| st.map.next_mapped(first, u64::MAX))?;
+            // Client sectors only: hidden addresses (shared content) lie
+            // past every volume's end.
+            let mapped = pager::with_map(&self.inner, |st| {
+                st.map.next_mapped(first, squeeze_format::SHARED_BASE)
+            })?;
             if let Some(lba) = mapped {
                 return Err(EngineError::Invalid(Invalid::ShrinkOverData {
                     size: new_size,
@@ -735,6 +741,24 @@ impl Volume {
         crate::space::upgrade::compact(&self.inner, progress)
     }
 
+    /// Finds sectors whose content the volume holds more than once and
+    /// shares it (see [`crate::dedup`]), with a fingerprint index of at
+    /// most `index_budget` bytes; the records it replaces become garbage
+    /// for [`Volume::compact`]. `progress(lba, total_sectors)`.
+    pub fn dedup(
+        &self,
+        index_budget: u64,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<crate::dedup::DedupReport> {
+        self.inner.writable()?;
+        // Links and indirect entries only once the superblock says a
+        // version that has them (durably): a checkpoint makes it so.
+        if self.inner.sb.lock().version < squeeze_format::DEDUP_VERSION {
+            checkpoint::write(&self.inner, false)?;
+        }
+        crate::dedup::pass::pass(&self.inner, index_budget, progress)
+    }
+
     /// Writes a checkpoint now (frees segments whose data is all dead).
     pub fn checkpoint(&self) -> Result<()> {
         self.inner.writable()?;
@@ -798,12 +822,41 @@ impl Volume {
     /// that may page out holds.
     pub fn verify_accounting(&self) -> Result<(), Accounting> {
         let mut u = Usage::default();
+        let mut refs: std::collections::BTreeMap<u64, (u64, u32)> = Default::default();
+        let mut direct_hidden = std::collections::BTreeSet::new();
         let st = self.inner.state.read();
         pager::for_each_chunk_locked(&self.inner, &st, |_, entries| {
-            for &(_, e) in entries {
-                u.add(segment_of(e.record_offset(), self.inner.seg_size), e);
+            for &(lba, e) in entries {
+                if let Some(t) = e.target() {
+                    refs.entry(t).or_insert((lba, 0)).1 += 1;
+                } else {
+                    u.add(segment_of(e.record_offset(), self.inner.seg_size), e);
+                    if squeeze_format::map_entry::is_shared(lba) {
+                        direct_hidden.insert(lba);
+                    }
+                }
             }
         })?;
+        for (&target, &(lba, implied)) in &refs {
+            if !direct_hidden.contains(&target) {
+                return Err(Accounting::DanglingReference { lba, target });
+            }
+            let counted = st.shared.count(target);
+            if counted != implied {
+                return Err(Accounting::References {
+                    target,
+                    counted,
+                    implied,
+                });
+            }
+        }
+        if let Some((target, counted)) = st.shared.counts().find(|(t, _)| !refs.contains_key(t)) {
+            return Err(Accounting::References {
+                target,
+                counted,
+                implied: 0,
+            });
+        }
         for (s, got) in st.usage.iter() {
             if got != u.get(s) {
                 return Err(Accounting::Segment {

@@ -280,6 +280,8 @@ struct KillStats {
     upgrades: u64,
     /// Map chunks read back from the checkpoint chain.
     faults: u64,
+    /// Client sectors deduplication passes linked to hidden addresses.
+    dedup_linked: u64,
 }
 
 fn run_seed(path: IoPath, seed: u64) -> KillStats {
@@ -323,7 +325,14 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
                     (off, r.gen_range(1..=((SIZE - off) as usize).min(70_000)))
                 };
                 let kind = r.gen_range(0..4);
-                let d = data(&mut r, kind, len);
+                let d = if aligned && kind == 1 && seed % 2 == 0 {
+                    // Even seeds: a copy of other sectors instead of
+                    // random bytes, for deduplication to find.
+                    let src = r.gen_range(0..=SECTORS - len / SECTOR_SIZE) * SECTOR_SIZE;
+                    m.current[src..src + len].to_vec()
+                } else {
+                    data(&mut r, kind, len)
+                };
                 let fua = r.gen_bool(0.1);
                 m.apply(off, &d);
                 let res = vol.write(off, &d, fua);
@@ -356,6 +365,10 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
             }),
             73..=75 => vol.checkpoint(),
             76..=77 => vol.clean_pass().map(|_| ()),
+            // Even seeds deduplicate where odd ones clean or merge.
+            76..=78 if seed % 2 == 0 => vol.dedup(1 << 20, |_, _| {}).map(|rep| {
+                kills.dedup_linked += rep.sectors_linked;
+            }),
             78 => vol.merge(|_, _| {}).map(|_| ()),
             79 => vol.compact(|_, _| {}).map(|_| ()),
             80..=84 if !armed => {
@@ -452,11 +465,18 @@ fn run_seeds(path: IoPath) -> KillStats {
         all.sectors_lost += k.sectors_lost;
         all.upgrades += k.upgrades;
         all.faults += k.faults;
+        all.dedup_linked += k.dedup_linked;
     }
     println!(
         "{path:?}: {n} seeds; {} process kills, {} with staged bytes, {} acknowledged \
-         unflushed sectors lost to them; {} upgrade passes; {} map chunks paged in",
-        all.kills, all.kills_with_staged, all.sectors_lost, all.upgrades, all.faults
+         unflushed sectors lost to them; {} upgrade passes; {} map chunks paged in; {} \
+         sectors deduplicated",
+        all.kills,
+        all.kills_with_staged,
+        all.sectors_lost,
+        all.upgrades,
+        all.faults,
+        all.dedup_linked
     );
     if n >= 20 {
         assert!(all.faults > 0, "no seed paged its map in");
@@ -465,6 +485,12 @@ fn run_seeds(path: IoPath) -> KillStats {
     // one (the dedicated power-cut test is `tests/upgrade.rs`).
     if n >= 400 {
         assert!(all.upgrades >= 3, "few upgrade passes rewrote anything");
+    }
+    if n >= 100 {
+        assert!(
+            all.dedup_linked > 0,
+            "no deduplication pass shared anything"
+        );
     }
     all
 }

@@ -41,6 +41,14 @@ pub const RECORD_HEADER_SIZE: usize = 64;
 pub const SHORT_HEADER_SIZE: usize = 32;
 /// Sectors a short header can address (its LBA is 40 bits).
 pub const SHORT_MAX_SECTORS: u64 = 1 << 40;
+
+/// Hidden addresses (deduplication, docs/DEDUP.md): logical sectors from
+/// here up hold content shared by several client sectors, which map to
+/// them through indirect entries. No client reaches them: a volume is at
+/// most 2^51 sectors (the engine's MAX_LOGICAL_SIZE).
+pub const SHARED_BASE: u64 = 1 << 52;
+/// How many hidden addresses an indirect map entry can name.
+pub const SHARED_SECTORS: u64 = (1 << 50) - 1;
 /// The most sectors one extent record may hold (128 KiB, BlueStore's default
 /// compression_max_blob_size).
 pub const MAX_BLOB_SECTORS: u32 = 32;

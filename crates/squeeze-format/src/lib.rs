@@ -30,7 +30,7 @@ pub use record::{HeaderForm, RecordHeader, RecordKind};
 pub use record_scan::{RecordScan, ScannedRecord, Stride};
 pub use superblock::{
     CheckpointRef, CompressionMode, Policy, Superblock, BLOCK_VERSION, CHUNKED_VERSION,
-    FORMAT_VERSION, SHORT_HEADER_VERSION,
+    DEDUP_VERSION, FORMAT_VERSION, SHORT_HEADER_VERSION,
 };
 
 /// A decode failure: bytes from disk never panic, they produce one of these.

@@ -17,7 +17,8 @@
 //!      40  sectors      u32  sector count (extents: 1..=MAX_BLOB_SECTORS)
 //!      44  stored_len   u32  payload bytes following the header
 //!      48  aux          u64  kind-specific: segment id (SegmentHeader),
-//!                            byte offset of the record being moved (Relocate)
+//!                            byte offset of the record being moved (Relocate),
+//!                            the first hidden address linked to (Link)
 //!      56  payload_crc  u32  CRC-32C of the payload (0 when empty)
 //!      60  header_crc   u32  CRC-32C of bytes 0..60
 //! ```
@@ -55,7 +56,7 @@
 
 use crate::chunks::{self, ChunkTable};
 use crate::layout::{
-    align_record, MAX_BLOB_SECTORS, RECORD_ALIGN, RECORD_HEADER_SIZE, SECTOR_SIZE,
+    align_record, MAX_BLOB_SECTORS, RECORD_ALIGN, RECORD_HEADER_SIZE, SECTOR_SIZE, SHARED_BASE,
     SHORT_HEADER_SIZE, SHORT_MAX_SECTORS,
 };
 use crate::le::{get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
@@ -135,6 +136,10 @@ pub enum RecordKind {
     /// The cleaner moved an extent: applies to each sector only where the
     /// map still points at the record at byte offset `aux`.
     Relocate = 4,
+    /// Deduplication (docs/DEDUP.md): `sectors` client sectors from `lba`
+    /// read as the hidden addresses from `aux` on (indirect map entries);
+    /// no payload. Full header only.
+    Link = 5,
 }
 
 impl RecordKind {
@@ -144,6 +149,7 @@ impl RecordKind {
             2 => Ok(RecordKind::Extent),
             3 => Ok(RecordKind::Zero),
             4 => Ok(RecordKind::Relocate),
+            5 => Ok(RecordKind::Link),
             _ => Err(FormatError::Invalid {
                 what: "record",
                 why: format!("unknown record kind {v}"),
@@ -433,7 +439,9 @@ impl RecordHeader {
                     ));
                 }
             }
-            RecordKind::Zero | RecordKind::SegmentHeader if self.is_chunked() || self.block => {
+            RecordKind::Zero | RecordKind::SegmentHeader | RecordKind::Link
+                if self.is_chunked() || self.block =>
+            {
                 return bad(format!("a chunked {:?} record", self.kind));
             }
             RecordKind::Zero => {
@@ -444,6 +452,21 @@ impl RecordHeader {
             RecordKind::SegmentHeader => {
                 if self.sectors != 0 || self.stored_len != 0 {
                     return bad("segment header with sectors or payload".into());
+                }
+            }
+            RecordKind::Link => {
+                if self.sectors == 0 || self.stored_len != 0 || self.codec != CodecId::None {
+                    return bad("link record with a payload, a codec or no sectors".into());
+                }
+                let n = u64::from(self.sectors);
+                if self.lba.checked_add(n).is_none_or(|end| end > SHARED_BASE)
+                    || !crate::map_entry::is_shared(self.aux)
+                    || !crate::map_entry::is_shared(self.aux + n - 1)
+                {
+                    return bad(format!(
+                        "link of {} sectors from {} to {:#x} leaves the client or the hidden range",
+                        self.sectors, self.lba, self.aux
+                    ));
                 }
             }
         }
@@ -721,6 +744,42 @@ mod tests {
         let crc = short_crc(&[9; 16], &s[..28]);
         put_u32(&mut s, 28, crc);
         assert!(RecordHeader::decode(&s, &[9; 16]).is_err());
+    }
+
+    /// A Link record (deduplication): full header, no payload, a client
+    /// range linked to hidden addresses; the decoder refuses anything else.
+    #[test]
+    fn link_records() {
+        let link = |lba, sectors, aux| {
+            let mut h = sample();
+            (h.kind, h.codec, h.stored_len, h.chunk_sectors) =
+                (RecordKind::Link, CodecId::None, 0, 0);
+            (h.lba, h.sectors, h.aux, h.payload_crc) = (lba, sectors, aux, 0);
+            h.form = HeaderForm::choose(true, h.kind, h.lba, h.sectors, 0, h.aux);
+            h
+        };
+        let h = link(100, 4096, SHARED_BASE + 9);
+        assert_eq!(h.form, HeaderForm::Full);
+        let mut b = vec![0u8; RECORD_HEADER_SIZE];
+        h.encode(&mut b);
+        assert_eq!(RecordHeader::decode(&b, &h.uuid).unwrap(), h);
+        assert_eq!(h.record_len(), RECORD_HEADER_SIZE as u64);
+
+        assert!(link(SHARED_BASE - 2, 2, SHARED_BASE).check_bounds().is_ok());
+        for bad in [
+            link(100, 0, SHARED_BASE),
+            link(SHARED_BASE - 1, 2, SHARED_BASE),
+            link(100, 1, SHARED_BASE - 1),
+            link(100, 2, SHARED_BASE + crate::layout::SHARED_SECTORS - 1),
+        ] {
+            assert!(bad.check_bounds().is_err(), "{bad:?}");
+        }
+        let mut with_payload = link(100, 1, SHARED_BASE);
+        with_payload.stored_len = 16;
+        assert!(with_payload.check_bounds().is_err());
+        let mut with_codec = link(100, 1, SHARED_BASE);
+        with_codec.codec = CodecId::Zstd;
+        assert!(with_codec.check_bounds().is_err());
     }
 
     #[test]

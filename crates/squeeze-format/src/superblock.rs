@@ -54,14 +54,20 @@ pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"SQUEEZE\0";
 /// its policy asks for them (`Policy::read_chunk`). Version 5 differs from
 /// 6 only in its log: version 6 records may carry block payloads
 /// (`zstd_block.rs`), which a version 5 volume writes once its first
-/// checkpoint has made it 6.
-pub const FORMAT_VERSION: u32 = 6;
+/// checkpoint has made it 6. Version 6 differs from 7 only in its log and
+/// map: version 7 may hold Link records and indirect map entries
+/// (deduplication, docs/DEDUP.md), which a volume writes once a
+/// checkpoint has made it 7.
+pub const FORMAT_VERSION: u32 = 7;
 /// The first version whose records may have short headers.
 pub const SHORT_HEADER_VERSION: u32 = 4;
 /// The first version whose records may be chunked.
 pub const CHUNKED_VERSION: u32 = 5;
 /// The first version whose records may carry block payloads.
 pub const BLOCK_VERSION: u32 = 6;
+/// The first version whose log may hold Link records and whose map may
+/// hold indirect entries (deduplication).
+pub const DEDUP_VERSION: u32 = 7;
 /// The oldest version whose checkpoint chain this build extends with a
 /// delta (older chains restart with a base).
 pub const CHAIN_VERSION: u32 = 3;

@@ -285,6 +285,26 @@ fn format_decoders(dir: &Path) {
         b.extend_from_slice(&payload);
         put(dir, "record-chunked-raw", &with_mode(0, &b));
     }
+    // A Link record (format 7): 40 client sectors to hidden addresses.
+    {
+        let h = RecordHeader {
+            kind: RecordKind::Link,
+            codec: CodecId::None,
+            seq: 43,
+            uuid: UUID,
+            lba: 2000,
+            sectors: 40,
+            stored_len: 0,
+            aux: squeeze_format::SHARED_BASE + 77,
+            payload_crc: 0,
+            chunk_sectors: 0,
+            block: false,
+            form: HeaderForm::Full,
+        };
+        let mut b = vec![0u8; h.header_len()];
+        h.encode(&mut b);
+        put(dir, "record-link", &with_mode(0, &b));
+    }
     // A block payload (format 6): a WAL commit's sector as zstd's block.
     {
         let mut sector = text(128, 5);
@@ -559,6 +579,29 @@ fn engine_ops(dir: &Path) {
                 op(WRITE, 700000, 200000, 6 | 16),
                 op(REOPEN, 0, 0, 0),
                 op(READ, 600000, 262144, 0),
+            ],
+        ),
+    );
+    // The same data (kind 3, seed 1, 64 KiB) at three places, one of them
+    // overwritten in part, then a deduplication pass, a reopen and reads.
+    let zstd_aggressive = 2 + 5 * 2;
+    put(
+        dir,
+        "dedup-copies",
+        &seq(
+            zstd_aggressive,
+            &[
+                op(WRITE, 0, 65536, 3 | 64),
+                op(WRITE, 524288, 65536, 3 | 64),
+                op(WRITE, 800000, 65536, 3 | 64),
+                op(FLUSH, 0, 0, 0),
+                op(CLEAN, 0, 0, 2 | 1),
+                op(WRITE, 524288 + 8192, 4096, 1),
+                op(READ, 524288, 65536, 0),
+                op(REOPEN, 0, 0, 0),
+                op(TRIM, 0, 65536, 0),
+                op(CLEAN, 0, 0, 2),
+                op(READ, 0, 1 << 20, 0),
             ],
         ),
     );

@@ -156,9 +156,39 @@ pub(super) fn prometheus(
     );
     m!(
         "compression_ratio",
-        "Mapped bytes over stored bytes.",
+        "Bytes the live records hold before compression over stored bytes (deduplication apart).",
         "gauge",
         |s: &VolumeStats| s.compression_ratio
+    );
+    m!(
+        "data_reduction_ratio",
+        "Mapped bytes over stored bytes: compression and deduplication.",
+        "gauge",
+        |s: &VolumeStats| s.data_reduction_ratio
+    );
+    m!(
+        "dedup_saved_bytes",
+        "Logical bytes deduplication saved (shared sectors' references beyond the first).",
+        "gauge",
+        |s: &VolumeStats| s.dedup_saved_bytes
+    );
+    m!(
+        "dedup_shared_sectors",
+        "Hidden addresses holding content client sectors share.",
+        "gauge",
+        |s: &VolumeStats| s.dedup_shared_sectors
+    );
+    m!(
+        "dedup_references",
+        "Client sectors that share content (indirect map entries).",
+        "gauge",
+        |s: &VolumeStats| s.dedup_references
+    );
+    m!(
+        "dedup_counts_memory_bytes",
+        "RAM of deduplication's reference counts.",
+        "gauge",
+        |s: &VolumeStats| s.dedup_counts_memory_bytes
     );
     m!(
         "blobs_compressed_total",

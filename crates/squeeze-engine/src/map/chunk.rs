@@ -31,17 +31,25 @@ impl Run {
     }
     pub(super) fn entry(&self, i: u16) -> MapEntry {
         debug_assert!(i >= self.start && i < self.end());
-        self.first
-            .with_index(self.first.index() + u32::from(i - self.start))
+        self.first.advance(u32::from(i - self.start))
     }
 }
 
-/// True when `next` is the entry that follows `prev` inside one record.
+/// True when `next` is the entry that follows `prev` inside one record,
+/// or (indirect entries) names the hidden address after `prev`'s.
 pub(super) fn follows(prev: MapEntry, next: MapEntry) -> bool {
-    next.record_offset() == prev.record_offset()
-        && next.sectors() == prev.sectors()
-        && next.record_len() == prev.record_len()
-        && next.index() == prev.index() + 1
+    match (prev.target(), next.target()) {
+        (Some(a), Some(b)) => b == a + 1,
+        (None, None) => {
+            prev.is_direct()
+                && next.is_direct()
+                && next.record_offset() == prev.record_offset()
+                && next.sectors() == prev.sectors()
+                && next.record_len() == prev.record_len()
+                && next.index() == prev.index() + 1
+        }
+        _ => false,
+    }
 }
 
 /// More runs than this and a chunk turns dense (runs cost 16 bytes each
@@ -169,11 +177,7 @@ impl Chunk {
         match self {
             Chunk::Dense { entries, mapped } => {
                 for k in 0..n {
-                    let e = if first.is_mapped() {
-                        first.with_index(first.index() + u32::from(k))
-                    } else {
-                        MapEntry::UNMAPPED
-                    };
+                    let e = first.advance(u32::from(k));
                     let old = std::mem::replace(&mut entries[usize::from(i + k)], e);
                     *mapped = *mapped + u32::from(e.is_mapped()) - u32::from(old.is_mapped());
                 }

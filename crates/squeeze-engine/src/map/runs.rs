@@ -130,8 +130,7 @@ impl SectorMap {
                 Chunk::Dense { entries, mapped } => {
                     for k in 0..n {
                         debug_assert!(!entries[usize::from(i + k)].is_mapped());
-                        entries[usize::from(i + k)] =
-                            first.with_index(first.index() + u32::from(k));
+                        entries[usize::from(i + k)] = first.advance(u32::from(k));
                     }
                     *mapped += u32::from(n);
                 }

@@ -22,14 +22,14 @@ use crate::map::SectorMap;
 use crate::meta::pager::Pager;
 use crate::space::Usage;
 use crate::state::log_state::{max_segments, segment_of};
-use crate::state::map_state::MapState;
+use crate::state::map_state::{account_run, MapState};
 use crate::storage::Storage;
 use squeeze_format::checkpoint::decode::ChainOrder;
 use squeeze_format::checkpoint::MapRun;
 use squeeze_format::checkpoint_v1::CheckpointReader;
 use squeeze_format::{
     checksum, FormatError, MapEntry, PieceDecoder, PieceKind, SegmentNote, Superblock,
-    CHUNK_ENTRIES, DATA_START,
+    CHUNK_ENTRIES, DATA_START, SHARED_BASE,
 };
 
 /// Bytes of the chain read at a time.
@@ -90,6 +90,7 @@ pub(super) fn load(storage: &dyn Storage, sb: &Superblock, pager: &mut Pager) ->
     let mut state = MapState {
         map: SectorMap::new(),
         usage: Usage::default(),
+        shared: Default::default(),
         chain: None,
     };
     let (position, shape, peak_bytes, max_record_end) = if sb.version == 1 {
@@ -108,9 +109,11 @@ pub(super) fn load(storage: &dyn Storage, sb: &Superblock, pager: &mut Pager) ->
         });
         load_chain(sb, &mut state, pager)?
     };
-    // Nothing is mapped past the volume's end.
+    // Nothing is mapped past the volume's end but hidden addresses.
     pager.below = u64::MAX;
-    let past = pager.with_map_mut(&mut state, |st| st.map.next_mapped(sb.sectors(), u64::MAX))?;
+    let past = pager.with_map_mut(&mut state, |st| {
+        st.map.next_mapped(sb.sectors(), SHARED_BASE)
+    })?;
     if let Some(lba) = past {
         return Err(bad_checkpoint(format!(
             "sector {lba} mapped beyond the volume's {} sectors",
@@ -182,7 +185,7 @@ fn load_chain(
             for batch in runs.chunks(RUNS_BETWEEN_TRIMS) {
                 for &r in batch {
                     check_run(&r, seg_size, max_segs)?;
-                    if r.first.is_mapped() {
+                    if r.first.is_direct() {
                         max_end = max_end.max(r.first.record_offset() + r.first.record_len());
                     }
                     index.push(&r);
@@ -244,9 +247,9 @@ fn load_chain(
 /// its segment's usage.
 fn load_base_run(st: &mut MapState, r: MapRun, seg_size: u64) {
     st.map.load_run(r);
-    // A run is consecutive sectors of one extent: one record, one segment.
-    let seg = segment_of(r.first.record_offset(), seg_size);
-    st.usage.add_run(seg, r.first, r.sectors);
+    // A run is consecutive sectors of one extent (one record, one segment)
+    // or of consecutive hidden addresses.
+    account_run(&mut st.usage, &mut st.shared, seg_size, &r, true);
 }
 
 /// Sectors of one chunk the runs of the piece being loaded have covered so
@@ -316,16 +319,14 @@ fn apply_delta_run(
 /// The part of a delta's run inside one chunk; refused before anything
 /// changes when the chunk is paged out.
 fn apply_in_chunk(st: &mut MapState, r: MapRun, k: u16, seg_size: u64) -> Result<(), Paged> {
-    let MapState { map, usage, .. } = st;
+    let MapState {
+        map, usage, shared, ..
+    } = st;
     map.runs_in(r.lba, r.end(), |old| {
-        let seg = segment_of(old.first.record_offset(), seg_size);
-        usage.remove_run(seg, old.first, old.sectors);
+        account_run(usage, shared, seg_size, &old, false);
     })?;
     map.apply_run(r, Some(k));
-    if r.first.is_mapped() {
-        let seg = segment_of(r.first.record_offset(), seg_size);
-        usage.add_run(seg, r.first, r.sectors);
-    }
+    account_run(usage, shared, seg_size, &r, true);
     Ok(())
 }
 
@@ -370,13 +371,14 @@ fn load_v1(stream: &[u8], sb: &Superblock, st: &mut MapState) -> Result<(Checkpo
         }
         st.map.load_chunk(index, entries);
     }
-    let usage = &mut st.usage;
+    let MapState {
+        map, usage, shared, ..
+    } = st;
     let mut max_end = 0u64;
-    st.map.for_each_run(
+    map.for_each_run(
         |c, _| Err(EngineError::Internal(Internal::PagedAtOpen { chunk: c })),
         |r| {
-            let seg = segment_of(r.first.record_offset(), seg_size);
-            usage.add_run(seg, r.first, r.sectors);
+            account_run(usage, shared, seg_size, &r, true);
             max_end = max_end.max(r.first.record_offset() + r.first.record_len());
         },
     )?;
@@ -409,7 +411,7 @@ fn check_entry(e: MapEntry, seg_size: u64, max_segs: u32) -> Result<()> {
 /// after a shrink (`Volume::resize`), runs of the chain from before it may
 /// lie past the new end, unmapped by a later piece.
 fn check_run(r: &MapRun, seg_size: u64, max_segs: u32) -> Result<()> {
-    if r.first.is_mapped() {
+    if r.first.is_direct() {
         check_entry(r.first, seg_size, max_segs)?;
     }
     Ok(())

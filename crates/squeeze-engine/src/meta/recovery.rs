@@ -34,9 +34,10 @@ use crate::state::log_state::{head_segment_of, max_segments, segment_of, LogStat
 use crate::state::map_state::MapState;
 use crate::state::Inner;
 use crate::storage::Storage;
+use squeeze_format::map_entry::is_shared;
 use squeeze_format::{
     record::verify_payload, FlushMark, RecordHeader, RecordKind, RecordScan, Stride, Superblock,
-    DATA_START, RECORD_ALIGN, RECORD_HEADER_SIZE, SHORT_HEADER_SIZE,
+    DATA_START, DEDUP_VERSION, RECORD_ALIGN, RECORD_HEADER_SIZE, SHORT_HEADER_SIZE,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -371,14 +372,22 @@ fn read_record(
         storage.read_at(buf, pos + h.header_len() as u64).ok()?;
         verify_payload(&h, buf).ok()?;
     }
-    if matches!(
-        h.kind,
-        RecordKind::Extent | RecordKind::Relocate | RecordKind::Zero
-    ) && h.lba + u64::from(h.sectors) > sb.sectors()
-    {
-        return None;
+    in_range(&h, sb).then_some(h)
+}
+
+/// Whether a record's sectors lie where its kind may: client records
+/// inside the volume, records of hidden addresses (deduplication) inside
+/// their range, a Link from the first to the second (its target range is
+/// checked by the header's bounds) in a volume whose version has Links.
+fn in_range(h: &RecordHeader, sb: &Superblock) -> bool {
+    let n = u64::from(h.sectors);
+    let client = h.lba + n <= sb.sectors();
+    let hidden = n > 0 && is_shared(h.lba) && is_shared(h.lba + n - 1);
+    match h.kind {
+        RecordKind::Extent | RecordKind::Relocate | RecordKind::Zero => client || hidden,
+        RecordKind::Link => client && sb.version >= DEDUP_VERSION,
+        RecordKind::SegmentHeader => true,
     }
-    Some(h)
 }
 
 /// The first valid record after `pos` in segment `seg` with a seq of at
@@ -434,8 +443,7 @@ fn scan_forward(
                 if h.seq < min_seq || h.kind == RecordKind::SegmentHeader {
                     return false;
                 }
-                let ok = h.lba + u64::from(h.sectors) <= sb.sectors()
-                    && verify_payload(h, r.payload).is_ok();
+                let ok = in_range(h, sb) && verify_payload(h, r.payload).is_ok();
                 if !ok && h.kind.has_payload() {
                     named.push((h.seq, h.lba, h.sectors));
                 }

@@ -120,6 +120,13 @@ pub enum Item {
         /// (`space::squeeze`) may still rewrite it.
         unsqueezed: bool,
     },
+    /// Deduplication: client sectors `lba..lba + sectors` share hidden
+    /// addresses from `target` (a Link record, no payload).
+    Link {
+        lba: u64,
+        sectors: u32,
+        target: u64,
+    },
 }
 
 impl Item {
@@ -162,7 +169,7 @@ impl Item {
                 block,
                 ..
             } => whole(*codec, *chunk_sectors, *block, payload),
-            Item::Zero { .. } => whole(CodecId::None, 0, false, &[]),
+            Item::Zero { .. } | Item::Link { .. } => whole(CodecId::None, 0, false, &[]),
         }
     }
 
@@ -179,7 +186,7 @@ impl Item {
                 ..
             } => chunks.as_ref().map(|c| c.crc),
             Item::Moved { crc, .. } => *crc,
-            Item::Zero { .. } => None,
+            Item::Zero { .. } | Item::Link { .. } => None,
         }
     }
 }

@@ -99,7 +99,9 @@ fn fragmented(entries: &[MapEntry], max_blob_sectors: u32) -> bool {
     let mut small = 0;
     let mut prev: Option<MapEntry> = None;
     for &e in entries {
-        if !e.is_mapped() {
+        // Indirect entries (deduplicated sectors) are not merged: their
+        // content is shared and stays where it is.
+        if !e.is_direct() {
             prev = None;
             continue;
         }
@@ -236,12 +238,12 @@ fn merge_span(
         // window, and the window is one max_blob).
         let mut i = 0;
         while i < win.len() {
-            if !win[i].is_mapped() {
+            if !win[i].is_direct() {
                 i += 1;
                 continue;
             }
             let mut j = i + 1;
-            while j < win.len() && win[j].is_mapped() {
+            while j < win.len() && win[j].is_direct() {
                 j += 1;
             }
             pieces.push(Piece::Data {

@@ -34,6 +34,7 @@ pub(crate) mod make_room;
 pub mod merge;
 pub mod prewrite;
 pub mod relocate;
+pub(crate) mod shared;
 pub(crate) mod squeeze;
 pub(crate) mod upgrade;
 pub(crate) mod victim;

@@ -196,10 +196,13 @@ impl RunCheck {
         {
             return bad("empty, overlapping or out of order");
         }
-        if r.first.is_mapped() {
-            if r.first.record_len() == 0
-                || u64::from(r.first.index()) + u64::from(r.sectors) > u64::from(r.first.sectors())
-            {
+        if let Some(t) = r.first.target() {
+            // Indirect: consecutive hidden addresses, all of them hidden.
+            if !crate::map_entry::is_shared(t + u64::from(r.sectors) - 1) {
+                return bad("runs past the hidden addresses");
+            }
+        } else if r.first.is_mapped() {
+            if u64::from(r.first.index()) + u64::from(r.sectors) > u64::from(r.first.sectors()) {
                 return bad("runs past its extent");
             }
         } else if self.kind == PieceKind::Base {

@@ -110,11 +110,7 @@ impl MapRun {
 
     /// The entry of sector `lba + i`.
     pub fn entry(&self, i: u32) -> MapEntry {
-        if self.first.is_mapped() {
-            self.first.with_index(self.first.index() + i)
-        } else {
-            MapEntry::UNMAPPED
-        }
+        self.first.advance(i)
     }
 }
 
@@ -230,6 +226,37 @@ pub(crate) mod tests {
         assert_eq!(runs, vec![run(3, 2, 0), run(1000, 32, 3 << 20)]);
         assert_eq!(runs[1].entry(5).index(), 5);
         assert_eq!(runs[0].entry(1), MapEntry::UNMAPPED);
+    }
+
+    /// Indirect runs (deduplication) round-trip, name consecutive hidden
+    /// addresses, and are refused where they run past the hidden range.
+    #[test]
+    fn indirect_runs() {
+        use crate::layout::{SHARED_BASE, SHARED_SECTORS};
+        let ind = |lba, sectors, t| MapRun {
+            lba,
+            sectors,
+            first: MapEntry::indirect(t),
+        };
+        let mut w = PieceWriter::new(&header(PieceKind::Base, 4), &[1, 2, 3], &[], 2);
+        w.push(run(0, 4, 1 << 20));
+        w.push(ind(4, 100, SHARED_BASE + 7));
+        let b = w.finish();
+        let p = Piece::decode(&b, &[1; 16]).unwrap();
+        let runs: Vec<_> = p.runs().map(|r| r.unwrap()).collect();
+        assert_eq!(runs[1], ind(4, 100, SHARED_BASE + 7));
+        assert_eq!(runs[1].entry(99).target(), Some(SHARED_BASE + 106));
+
+        let last = SHARED_BASE + SHARED_SECTORS - 1;
+        let mut w = PieceWriter::new(&header(PieceKind::Base, 4), &[1, 2, 3], &[], 2);
+        w.push(ind(0, 1, last));
+        w.push(ind(1, 2, last));
+        let b = w.finish();
+        let p = Piece::decode(&b, &[1; 16]).unwrap();
+        let mut runs = p.runs();
+        assert!(runs.next().unwrap().is_ok());
+        let e = runs.next().unwrap().unwrap_err().to_string();
+        assert!(e.contains("past the hidden addresses"), "{e}");
     }
 
     /// The runs lie where `runs_offset` says, each as `encode_run` makes it

@@ -1,0 +1,19 @@
+//! Deduplication of 4 KiB sectors (issue 38; the design: docs/DEDUP.md).
+//!
+//! Shared content lives at hidden addresses (`SHARED_BASE` and up) as
+//! ordinary records; client sectors that share it hold indirect map
+//! entries (`MapEntry::indirect`), written by Link records; the number of
+//! sharers of each hidden address is kept from the map
+//! (`space::shared::SharedRefs`). Everything below the map (compression,
+//! the cleaner, relocation, checksums) sees ordinary records.
+//! - `index`: the fingerprint index (XXH3-128 -> location, a bounded
+//!   window);
+//! - `pass`: the pass that finds duplicates and shares them (`squeeze
+//!   compact --dedup`, `Volume::dedup`);
+//! - `orphans`: hidden addresses no sector refers to any more, zeroed.
+
+pub(crate) mod index;
+pub(crate) mod orphans;
+pub mod pass;
+
+pub use pass::DedupReport;

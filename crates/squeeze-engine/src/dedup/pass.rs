@@ -1,0 +1,263 @@
+//! The deduplication pass: reads the volume's client sectors in LBA
+//! order, a window of `max_blob` sectors at a time, fingerprints each
+//! (`index`), and shares the content of sectors found again:
+//! - a run of sectors whose content is already at consecutive hidden
+//!   addresses is linked to them (a Link record);
+//! - a run whose content another client run holds in its own records is
+//!   *promoted*: the content is written once at fresh hidden addresses (one
+//!   blob, compressed with the policy's target) and both runs are linked
+//!   to them; the records they held turn to garbage for the cleaner.
+//!
+//! Every share is verified by comparing bytes, read under the range locks
+//! of the sectors linked (the window's, taken before it is read, and the
+//! source run's): what is linked is what those sectors held when the Link
+//! was appended, and a client write after it is ordered after it in the
+//! log. A run that changed meanwhile is left as it is.
+//!
+//! At the end, hidden addresses no client sector refers to any more
+//! (orphans: their last sharer was overwritten, or a pass was cut short
+//! between a promotion's blob and its Links) are zeroed.
+//!
+//! Crash safety: each step is ordinary log records (an Extent at hidden
+//! addresses, Links, Zeros), applied in log order by replay; the records a
+//! Link made dead are freed only by a checkpoint, which syncs first. A
+//! crash between a promotion's blob and its Links leaves an orphan, which
+//! the next pass zeroes.
+
+use super::index::{fingerprint, Index, Loc};
+use crate::append::Room;
+use crate::error::{EngineError, Result};
+use crate::meta::pager;
+use crate::pipeline::compress::{encode, Item};
+use crate::pipeline::policy::{ActivePolicy, Hint};
+use crate::pipeline::split::Piece;
+use crate::read;
+use crate::space::make_room::append_making_room;
+use crate::state::Inner;
+use squeeze_format::{MapEntry, SECTOR_SIZE};
+
+/// What a pass did.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct DedupReport {
+    /// Client sectors read and fingerprinted (mapped, not all zeros).
+    pub sectors_fingerprinted: u64,
+    /// Client sectors linked to hidden addresses by this pass.
+    pub sectors_linked: u64,
+    /// Sectors written at new hidden addresses (promotions).
+    pub sectors_promoted: u64,
+    /// Candidate runs whose bytes differed (a fingerprint collision, or
+    /// a source rewritten since it was fingerprinted): left as they are.
+    pub sectors_mismatched: u64,
+    /// Windows left as they are because a read failed its checksum.
+    pub corrupt_windows: u64,
+    /// Hidden addresses zeroed: no client sector referred to them.
+    pub orphans_zeroed: u64,
+    /// The index at the end: entries, entries the budget pushed out, RAM.
+    pub index_entries: u64,
+    pub index_evicted: u64,
+    pub index_bytes: u64,
+}
+
+/// One pass over the whole volume with an index of at most `budget` bytes.
+/// `progress(lba, total_sectors)`.
+pub(crate) fn pass(
+    inner: &Inner,
+    budget: u64,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<DedupReport> {
+    let _one = inner.dedup_lock.lock();
+    let policy = inner.policy.read().clone();
+    let w = u64::from(policy.max_blob_sectors());
+    let total = inner.size() / SECTOR_SIZE as u64;
+    let mut ix = Index::new(budget);
+    let mut rep = DedupReport::default();
+    let mut buf = vec![0u8; w as usize * SECTOR_SIZE];
+    let mut at = 0;
+    while let Some(first) = pager::with_map(inner, |st| st.map.next_mapped(at, total))? {
+        let end = (first + w).min(total);
+        let n = (end - first) as usize;
+        {
+            let _window = inner.ranges.lock(first, end);
+            let mut entries = vec![MapEntry::UNMAPPED; n];
+            pager::with_map(inner, |st| st.map.get_range(first, &mut entries))?;
+            let data = &mut buf[..n * SECTOR_SIZE];
+            match read::read_sectors(inner, first, data) {
+                Ok(()) => window(inner, &policy, &mut ix, first, &entries, data, &mut rep)?,
+                Err(e @ (EngineError::Corrupt { .. } | EngineError::Codec { .. })) => {
+                    tracing::warn!("dedup: window at LBA {first} left as it is: {e}");
+                    rep.corrupt_windows += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        at = end;
+        progress(at, total);
+    }
+    rep.orphans_zeroed = super::orphans::zero(inner)?;
+    rep.index_entries = ix.len() as u64;
+    rep.index_evicted = ix.evicted;
+    rep.index_bytes = ix.memory_bytes();
+    Ok(rep)
+}
+
+/// One window `first..first + entries.len()`, whose range lock the caller
+/// holds and whose bytes `data` are.
+fn window(
+    inner: &Inner,
+    policy: &ActivePolicy,
+    ix: &mut Index,
+    first: u64,
+    entries: &[MapEntry],
+    data: &[u8],
+    rep: &mut DedupReport,
+) -> Result<()> {
+    let sector = |i: usize| &data[i * SECTOR_SIZE..(i + 1) * SECTOR_SIZE];
+    let fps: Vec<Option<u128>> = (0..entries.len())
+        .map(|i| {
+            let s = sector(i);
+            (entries[i].is_mapped() && s.iter().any(|&b| b != 0)).then(|| fingerprint(s))
+        })
+        .collect();
+    rep.sectors_fingerprinted += fps.iter().flatten().count() as u64;
+    let mut i = 0;
+    while i < entries.len() {
+        let Some(fp) = fps[i] else {
+            i += 1;
+            continue;
+        };
+        if let Some(t) = entries[i].target() {
+            // Shared already: later copies can link to it.
+            ix.insert(fp, Loc::Shared(t));
+            i += 1;
+            continue;
+        }
+        let x = first + i as u64;
+        let Some(loc) = ix.get(fp) else {
+            ix.insert(fp, Loc::Client(x));
+            i += 1;
+            continue;
+        };
+        // The run: the next sectors found at the next locations.
+        let mut j = i + 1;
+        while j < entries.len()
+            && entries[j].is_direct()
+            && fps[j].and_then(|f| ix.get(f)) == Some(loc.next((j - i) as u64))
+        {
+            j += 1;
+        }
+        // A client source lies wholly before the run (never overlapping it).
+        if let Loc::Client(y) = loc {
+            j = j.min(i + (x - y) as usize);
+        }
+        let k = j - i;
+        let run = &data[i * SECTOR_SIZE..j * SECTOR_SIZE];
+        let shared = match loc {
+            Loc::Shared(h) => link_to_shared(inner, x, h, run)?,
+            Loc::Client(y) => promote(inner, policy, y, x, first, run)?,
+        };
+        match shared {
+            Some((h, promoted)) => {
+                rep.sectors_linked += k as u64 + if promoted { k as u64 } else { 0 };
+                if promoted {
+                    rep.sectors_promoted += k as u64;
+                }
+                for q in 0..k {
+                    ix.insert(
+                        fps[i + q].expect("a run's sectors have fingerprints"),
+                        Loc::Shared(h + q as u64),
+                    );
+                }
+            }
+            None => {
+                rep.sectors_mismatched += k as u64;
+                for q in 0..k {
+                    ix.insert(
+                        fps[i + q].expect("a run's sectors have fingerprints"),
+                        Loc::Client(x + q as u64),
+                    );
+                }
+            }
+        }
+        i = j;
+    }
+    Ok(())
+}
+
+/// Links client sectors from `x` (held by the caller's range lock, holding
+/// `run`) to the hidden addresses from `h`, if those hold the same bytes.
+fn link_to_shared(inner: &Inner, x: u64, h: u64, run: &[u8]) -> Result<Option<(u64, bool)>> {
+    let mut held = vec![0u8; run.len()];
+    if read::read_sectors(inner, h, &mut held).is_err() || held != run {
+        return Ok(None);
+    }
+    let k = (run.len() / SECTOR_SIZE) as u32;
+    let links = [Item::Link {
+        lba: x,
+        sectors: k,
+        target: h,
+    }];
+    append_making_room(inner, &links, &[], Room::Dedup)?;
+    Ok(Some((h, false)))
+}
+
+/// Promotes a content that client sectors from `y` and from `x` (the
+/// window from `window_first`, locked by the caller) both hold: written
+/// once at fresh hidden addresses, both runs linked to it. Checked under
+/// `y`'s range lock: `y` still holds `run`.
+fn promote(
+    inner: &Inner,
+    policy: &ActivePolicy,
+    y: u64,
+    x: u64,
+    window_first: u64,
+    run: &[u8],
+) -> Result<Option<(u64, bool)>> {
+    let k = (run.len() / SECTOR_SIZE) as u64;
+    // The part of y's run outside the window (the window is locked).
+    let lock_end = (y + k).min(window_first);
+    let _source = (y < lock_end).then(|| inner.ranges.lock(y, lock_end));
+    let mut held = vec![0u8; run.len()];
+    match read::read_sectors(inner, y, &mut held) {
+        Ok(()) if held == run => {}
+        Ok(()) | Err(EngineError::Corrupt { .. } | EngineError::Codec { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let h = inner.state.write().shared.allocate(k);
+    let piece = [Piece::Data {
+        lba: h,
+        sectors: k as u32,
+        start: 0,
+    }];
+    // Block payloads once the superblock allows them (format 6), as the
+    // merger does.
+    let blocks = inner
+        .block_payloads
+        .load(std::sync::atomic::Ordering::Acquire);
+    let (blob, cpu_ns) = encode(
+        &*inner.engine,
+        policy,
+        (policy.algorithm, blocks),
+        Hint::None,
+        run,
+        None,
+        &piece,
+    );
+    inner
+        .counters
+        .add(crate::counters::Counter::CompressNs, cpu_ns);
+    append_making_room(inner, &blob, run, Room::Dedup)?;
+    let links = [
+        Item::Link {
+            lba: y,
+            sectors: k as u32,
+            target: h,
+        },
+        Item::Link {
+            lba: x,
+            sectors: k as u32,
+            target: h,
+        },
+    ];
+    append_making_room(inner, &links, &[], Room::Dedup)?;
+    Ok(Some((h, true)))
+}
