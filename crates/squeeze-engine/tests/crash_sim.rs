@@ -325,7 +325,7 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
                     (off, r.gen_range(1..=((SIZE - off) as usize).min(70_000)))
                 };
                 let kind = r.gen_range(0..4);
-                let d = if aligned && kind == 1 && seed % 2 == 0 {
+                let d = if aligned && kind == 1 && seed.is_multiple_of(2) {
                     // Even seeds: a copy of other sectors instead of
                     // random bytes, for deduplication to find.
                     let src = r.gen_range(0..=SECTORS - len / SECTOR_SIZE) * SECTOR_SIZE;
@@ -366,7 +366,7 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
             73..=75 => vol.checkpoint(),
             76..=77 => vol.clean_pass().map(|_| ()),
             // Even seeds deduplicate where odd ones clean or merge.
-            76..=78 if seed % 2 == 0 => vol.dedup(1 << 20, |_, _| {}).map(|rep| {
+            76..=78 if seed.is_multiple_of(2) => vol.dedup(1 << 20, |_, _| {}).map(|rep| {
                 kills.dedup_linked += rep.sectors_linked;
             }),
             78 => vol.merge(|_, _| {}).map(|_| ()),

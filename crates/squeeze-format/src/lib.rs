@@ -15,6 +15,7 @@ pub mod map_entry;
 pub mod piece_decoder;
 pub mod record;
 pub mod record_scan;
+mod record_short;
 pub mod superblock;
 pub mod zstd_block;
 

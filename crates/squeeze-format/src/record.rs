@@ -25,7 +25,8 @@
 //!
 //! The **short** header (32 bytes, format 4: extents and relocations whose
 //! sectors lie below 2^40): the uuid is not stored but seeds the header's
-//! CRC, so a record of another volume fails it.
+//! CRC, so a record of another volume fails it. Its encoding and decoding
+//! are in `record_short.rs`.
 //!
 //! ```text
 //! byte  0  magic        [2]  "sz"
@@ -68,8 +69,8 @@ pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"SQZR");
 pub const SHORT_MAGIC: [u8; 2] = *b"sz";
 
 /// Largest field values a short header holds.
-const SHORT_STORED_MAX: u32 = (1 << 18) - 1;
-const SHORT_U40_MAX: u64 = (1 << 40) - 1;
+pub(crate) const SHORT_STORED_MAX: u32 = (1 << 18) - 1;
+pub(crate) const SHORT_U40_MAX: u64 = (1 << 40) - 1;
 
 /// How a record's header is laid out (see the module's documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -213,7 +214,7 @@ impl RecordHeader {
 
     /// The chunk code of the header's bits (see the module's
     /// documentation).
-    fn chunk_code(&self) -> u32 {
+    pub(crate) fn chunk_code(&self) -> u32 {
         if self.block {
             BLOCK_CODE
         } else if self.chunk_sectors == 0 {
@@ -250,35 +251,6 @@ impl RecordHeader {
         put_u32(b, 56, self.payload_crc);
         let crc = checksum::crc32c(&b[..60]);
         put_u32(b, 60, crc);
-    }
-
-    fn encode_short(&self, b: &mut [u8]) {
-        assert_eq!(
-            HeaderForm::choose(
-                true,
-                self.kind,
-                self.lba,
-                self.sectors,
-                self.stored_len,
-                self.aux
-            ),
-            HeaderForm::Short,
-            "a record that does not fit a short header"
-        );
-        let kind_bit = u32::from(self.kind == RecordKind::Relocate);
-        let fields = (self.sectors - 1)
-            | (self.stored_len << 5)
-            | (u32::from(self.codec as u8) << 23)
-            | (kind_bit << 26)
-            | (self.chunk_code() << 27);
-        b[0..2].copy_from_slice(&SHORT_MAGIC);
-        put_u32(b, 2, fields);
-        put_u64(b, 6, self.seq);
-        put_u40(b, 14, self.lba);
-        put_u40(b, 19, self.aux / RECORD_ALIGN);
-        put_u32(b, 24, self.payload_crc);
-        let crc = short_crc(&self.uuid, &b[..28]);
-        put_u32(b, 28, crc);
     }
 
     /// Decodes and validates a header (not the payload, see
@@ -334,64 +306,7 @@ impl RecordHeader {
         Ok(h)
     }
 
-    fn decode_short(b: &[u8], uuid: &[u8; 16]) -> Result<RecordHeader, FormatError> {
-        if b.len() < SHORT_HEADER_SIZE {
-            return Err(FormatError::Truncated {
-                what: "record header",
-                need: SHORT_HEADER_SIZE,
-                have: b.len(),
-            });
-        }
-        let expected = get_u32(b, 28);
-        let got = short_crc(uuid, &b[..28]);
-        if expected != got {
-            return Err(FormatError::ChecksumMismatch {
-                what: "record header",
-                expected,
-                got,
-            });
-        }
-        let fields = get_u32(b, 2);
-        if fields >> 30 != 0 {
-            return Err(FormatError::Invalid {
-                what: "record",
-                why: "reserved bits set in a short header".into(),
-            });
-        }
-        let h = RecordHeader {
-            kind: if fields >> 26 & 1 == 0 {
-                RecordKind::Extent
-            } else {
-                RecordKind::Relocate
-            },
-            codec: CodecId::from_u8((fields >> 23 & 7) as u8)?,
-            seq: get_u64(b, 6),
-            uuid: *uuid,
-            lba: get_u40(b, 14),
-            sectors: (fields & 31) + 1,
-            stored_len: fields >> 5 & SHORT_STORED_MAX,
-            aux: get_u40(b, 19) * RECORD_ALIGN,
-            payload_crc: get_u32(b, 24),
-            chunk_sectors: chunk_sectors_of(fields >> 27 & 7)?,
-            block: fields >> 27 & 7 == BLOCK_CODE,
-            form: HeaderForm::Short,
-        };
-        h.check_bounds()?;
-        // What `HeaderForm::choose` never writes in the short form.
-        let why = if h.lba + u64::from(h.sectors) > SHORT_MAX_SECTORS {
-            "short header's sectors pass 2^40"
-        } else if h.kind == RecordKind::Extent && h.aux != 0 {
-            "short extent header with an aux field"
-        } else {
-            return Ok(h);
-        };
-        Err(FormatError::Invalid {
-            what: "record",
-            why: why.into(),
-        })
-    }
-
-    fn check_bounds(&self) -> Result<(), FormatError> {
+    pub(crate) fn check_bounds(&self) -> Result<(), FormatError> {
         let bad = |why: String| {
             Err(FormatError::Invalid {
                 what: "record",
@@ -479,7 +394,7 @@ impl RecordHeader {
 
 /// The chunk size a header's chunk code (3 bits) stands for: 0 (one frame,
 /// or a block payload: code 6) or `1 << (code - 1)` sectors for codes 1..=5.
-fn chunk_sectors_of(code: u32) -> Result<u32, FormatError> {
+pub(crate) fn chunk_sectors_of(code: u32) -> Result<u32, FormatError> {
     match code {
         0 | BLOCK_CODE => Ok(0),
         1..=5 => Ok(1 << (code - 1)),
@@ -488,22 +403,6 @@ fn chunk_sectors_of(code: u32) -> Result<u32, FormatError> {
             why: format!("unknown chunk code {code}"),
         }),
     }
-}
-
-/// A short header's CRC: the volume's uuid, then the header's bytes.
-fn short_crc(uuid: &[u8; 16], bytes: &[u8]) -> u32 {
-    checksum::crc32c_append(checksum::crc32c(uuid), bytes)
-}
-
-fn put_u40(b: &mut [u8], at: usize, v: u64) {
-    debug_assert!(v <= SHORT_U40_MAX);
-    b[at..at + 5].copy_from_slice(&v.to_le_bytes()[..5]);
-}
-
-fn get_u40(b: &[u8], at: usize) -> u64 {
-    let mut v = [0u8; 8];
-    v[..5].copy_from_slice(&b[at..at + 5]);
-    u64::from_le_bytes(v)
 }
 
 /// The chunk table of a chunked record's payload (at least its table's
@@ -549,6 +448,7 @@ pub fn verify_payload(h: &RecordHeader, payload: &[u8]) -> Result<(), FormatErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record_short::short_crc;
 
     fn sample() -> RecordHeader {
         RecordHeader {
