@@ -66,16 +66,17 @@ fn unknown_format_version() {
     for slot in 0..2u64 {
         let mut b = vec![0u8; 4096];
         s.read_at(&mut b, slot * 4096).unwrap();
-        b[8..12].copy_from_slice(&7u32.to_le_bytes());
+        b[8..12].copy_from_slice(&(squeeze_format::FORMAT_VERSION + 1).to_le_bytes());
         let crc = checksum::crc32c(&b[..4092]);
         b[4092..].copy_from_slice(&crc.to_le_bytes());
         s.write_at(&b, slot * 4096).unwrap();
     }
     let e = open(&s).err().expect("version");
-    assert!(
-        e.to_string().contains("unsupported format version 7"),
-        "{e}"
+    let want = format!(
+        "unsupported format version {}",
+        squeeze_format::FORMAT_VERSION + 1
     );
+    assert!(e.to_string().contains(&want), "{e}");
 }
 
 /// Finds the record of `lba` by scanning the store for its header.

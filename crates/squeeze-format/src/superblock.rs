@@ -463,7 +463,7 @@ mod tests {
             Err(FormatError::ChecksumMismatch { .. })
         ));
         let mut b = sample().encode();
-        for v in [0, 7, 99] {
+        for v in [0, FORMAT_VERSION + 1, 99] {
             put_u32(&mut b, 8, v);
             let crc = checksum::crc32c(&b[..SUPERBLOCK_SIZE - 4]);
             put_u32(&mut b, SUPERBLOCK_SIZE - 4, crc);
