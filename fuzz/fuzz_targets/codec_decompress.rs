@@ -2,7 +2,7 @@
 //! arbitrary expected length (<= 256 KiB): an `Err` or exactly that many
 //! bytes, never a panic; the same for `decompress_block` (format 6's block
 //! payloads).
- Also, on the same bytes used as data: every codec's
+//! Also, on the same bytes used as data: every codec's
 //! compressor round-trips them, honours its limit, and squeeze's lz4 output
 //! and lz4_flex's decode with each other (on-disk compatibility).
 //!
