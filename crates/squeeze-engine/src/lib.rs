@@ -44,6 +44,8 @@ pub(crate) mod state;
 pub mod stats;
 pub mod storage;
 pub mod volume;
+mod volume_accounting;
+mod volume_passes;
 pub(crate) mod write;
 
 pub use damage::RecoveryDamage;

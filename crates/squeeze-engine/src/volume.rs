@@ -18,14 +18,16 @@
 //! - After any failed write or sync, the volume turns read-only until
 //!   reopened (it cannot know what reached the medium).
 //!
-//! Over 800 lines: the one public type, each method a short hand-off to
-//! its stage; how a volume is created and opened lives in `options`.
+//! Its maintenance passes on demand live in `volume_passes.rs`, the check
+//! of its accounting against the map in `volume_accounting.rs` (more
+//! `impl Volume` blocks); how a volume is created and opened lives in
+//! `options`.
 
 use crate::append::segment_header;
 use crate::counters::Counter;
 use crate::counters::Counters;
 use crate::damage::RecoveryDamage;
-use crate::error::{Accounting, EngineError, Invalid, Result};
+use crate::error::{EngineError, Invalid, Result};
 use crate::locks::{RangeLocks, Tickets};
 use crate::map::SectorMap;
 use crate::meta::flush_marks::{self, Synced};
@@ -34,11 +36,9 @@ use crate::pipeline::burst::BurstFloor;
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Zeros;
 use crate::space::ahead::ALLOC_STEP;
-use crate::space::merge::MergeReport;
-use crate::space::relocate::CleanReport;
 use crate::space::{SegState, SegmentId, SegmentTable, Usage};
 use crate::state::history::{CheckpointHistory, OpenReport};
-use crate::state::log_state::{max_segments, segment_of, LogState};
+use crate::state::log_state::{max_segments, LogState};
 use crate::state::map_state::MapState;
 use crate::state::Inner;
 use crate::stats::{Space, VolumeStats};
@@ -697,74 +697,6 @@ impl Volume {
         crate::append::write_out(&self.inner)
     }
 
-    /// Runs one bounded cleaner pass (at most one victim segment) if there
-    /// is garbage worth collecting.
-    pub fn clean_pass(&self) -> Result<Option<CleanReport>> {
-        self.inner.writable()?;
-        crate::space::cleaner::background_pass(&self.inner)
-    }
-
-    /// Runs one step of the upgrade (what the adaptive codec wrote below
-    /// the policy's algorithm under load is rewritten with it; the
-    /// maintenance thread does this while clients are idle): at most one
-    /// segment. None when no segment is known to hold such bytes.
-    pub fn upgrade_pass(&self) -> Result<Option<CleanReport>> {
-        self.inner.writable()?;
-        crate::space::upgrade::upgrade_pass(&self.inner)
-    }
-
-    /// Runs one step of the idle squeeze (compressed data written at the
-    /// target is rewritten with the policy's idle level; the maintenance
-    /// thread does this while clients are idle, after the upgrade): at most
-    /// one segment. None without an idle level or such bytes in a sealed
-    /// segment. See [`crate::space::squeeze`].
-    pub fn squeeze_pass(&self) -> Result<Option<CleanReport>> {
-        self.inner.writable()?;
-        crate::space::squeeze::squeeze_pass(&self.inner)
-    }
-
-    /// Rewrites every fragmented window (scattered small records) as whole
-    /// blobs with the current policy; see [`crate::space::merge`]. The
-    /// records it replaces become garbage for [`Volume::compact`].
-    /// `progress(lba, total_sectors)`.
-    pub fn merge(&self, progress: impl FnMut(u64, u64)) -> Result<MergeReport> {
-        self.inner.writable()?;
-        crate::space::merge::merge_all(&self.inner, progress)
-    }
-
-    /// Upgrades what was written below the policy's algorithm (see
-    /// [`Volume::upgrade_pass`]; after a reopen, every record of a codec
-    /// under the target's), cleans every segment that holds dead bytes,
-    /// then checkpoints so the victims are freed and punched out. `progress(done, total)` victims.
-    pub fn compact(&self, progress: impl FnMut(u64, u64)) -> Result<CleanReport> {
-        self.inner.writable()?;
-        crate::space::upgrade::compact(&self.inner, progress)
-    }
-
-    /// Finds sectors whose content the volume holds more than once and
-    /// shares it (see [`crate::dedup`]), with a fingerprint index of at
-    /// most `index_budget` bytes; the records it replaces become garbage
-    /// for [`Volume::compact`]. `progress(lba, total_sectors)`.
-    pub fn dedup(
-        &self,
-        index_budget: u64,
-        progress: impl FnMut(u64, u64),
-    ) -> Result<crate::dedup::DedupReport> {
-        self.inner.writable()?;
-        // Links and indirect entries only once the superblock says a
-        // version that has them (durably): a checkpoint makes it so.
-        if self.inner.sb.lock().version < squeeze_format::DEDUP_VERSION {
-            checkpoint::write(&self.inner, false)?;
-        }
-        crate::dedup::pass::pass(&self.inner, index_budget, progress)
-    }
-
-    /// Writes a checkpoint now (frees segments whose data is all dead).
-    pub fn checkpoint(&self) -> Result<()> {
-        self.inner.writable()?;
-        checkpoint::write(&self.inner, false)
-    }
-
     /// Allocation status of `[offset, offset+len)`: runs of (length, hole).
     /// Zero sectors are holes. Stops after `max_runs` runs.
     pub fn block_status(&self, offset: u64, len: u64, max_runs: usize) -> Result<Vec<(u64, bool)>> {
@@ -815,66 +747,6 @@ impl Volume {
             }
         }
         checkpoint::write(&self.inner, true)
-    }
-
-    /// Verifies the accounting invariants (tests and `check`): usage equals
-    /// what the map implies, and the checkpoint chain holds what each chunk
-    /// that may page out holds.
-    pub fn verify_accounting(&self) -> Result<(), Accounting> {
-        let mut u = Usage::default();
-        let mut refs: std::collections::BTreeMap<u64, (u64, u32)> = Default::default();
-        let mut direct_hidden = std::collections::BTreeSet::new();
-        let st = self.inner.state.read();
-        pager::for_each_chunk_locked(&self.inner, &st, |_, entries| {
-            for &(lba, e) in entries {
-                if let Some(t) = e.target() {
-                    refs.entry(t).or_insert((lba, 0)).1 += 1;
-                } else {
-                    u.add(segment_of(e.record_offset(), self.inner.seg_size), e);
-                    if squeeze_format::map_entry::is_shared(lba) {
-                        direct_hidden.insert(lba);
-                    }
-                }
-            }
-        })?;
-        for (&target, &(lba, implied)) in &refs {
-            if !direct_hidden.contains(&target) {
-                return Err(Accounting::DanglingReference { lba, target });
-            }
-            let counted = st.shared.count(target);
-            if counted != implied {
-                return Err(Accounting::References {
-                    target,
-                    counted,
-                    implied,
-                });
-            }
-        }
-        if let Some((target, counted)) = st.shared.counts().find(|(t, _)| !refs.contains_key(t)) {
-            return Err(Accounting::References {
-                target,
-                counted,
-                implied: 0,
-            });
-        }
-        for (s, got) in st.usage.iter() {
-            if got != u.get(s) {
-                return Err(Accounting::Segment {
-                    segment: s,
-                    usage: got,
-                    implied: u.get(s),
-                });
-            }
-        }
-        if u.live_bytes != st.usage.live_bytes {
-            return Err(Accounting::LiveBytes {
-                usage: st.usage.live_bytes,
-                implied: u.live_bytes,
-            });
-        }
-        drop(st);
-        pager::verify_pages(&self.inner)?;
-        Ok(())
     }
 }
 
