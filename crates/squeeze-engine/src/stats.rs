@@ -250,28 +250,33 @@ pub struct VolumeStats {
 /// A point-in-time view of the counters and space.
 pub(crate) fn collect(inner: &Inner) -> VolumeStats {
     let c = &inner.counters;
-    let (shared_sectors, references, orphans, counts_mem) = {
+    // One snapshot of the map's state: the dedup figures and the mapped
+    // sectors they are taken from must agree (mapped_bytes less
+    // dedup_saved_bytes never goes below 0).
+    let (
+        (mapped, stored, map_mem, below_pending, burst_pending, dirty, chunks, paged),
+        (shared_sectors, references, orphans, counts_mem),
+    ) = {
         let st = inner.state.read();
         let sh = &st.shared;
         (
-            sh.shared_sectors(),
-            sh.references(),
-            sh.orphan_count(),
-            sh.memory_bytes(),
-        )
-    };
-    let (mapped, stored, map_mem, below_pending, burst_pending, dirty, chunks, paged) = {
-        let st = inner.state.read();
-        (
-            // Client sectors: the hidden addresses' own entries are not.
-            st.map.mapped() - st.shared.mapped(),
-            st.usage.live_bytes,
-            st.map_memory_bytes(),
-            st.usage.below_target_total(),
-            st.usage.burst_raw_total(),
-            st.map.dirty_sectors(),
-            st.map.chunk_count() as u64,
-            st.map.paged_count() as u64,
+            (
+                // Client sectors: the hidden addresses' own entries are not.
+                st.map.mapped() - sh.mapped(),
+                st.usage.live_bytes,
+                st.map_memory_bytes(),
+                st.usage.below_target_total(),
+                st.usage.burst_raw_total(),
+                st.map.dirty_sectors(),
+                st.map.chunk_count() as u64,
+                st.map.paged_count() as u64,
+            ),
+            (
+                sh.shared_sectors(),
+                sh.references(),
+                sh.orphan_count(),
+                sh.memory_bytes(),
+            ),
         )
     };
     let idle_algorithm = inner.policy.read().idle_algorithm();
