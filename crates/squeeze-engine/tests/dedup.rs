@@ -136,9 +136,12 @@ fn small_index_and_repeats_inside_a_window() {
     let far = data(&mut r, 3, 512 << 10);
     write(&v, &mut model, 1 << 20, &far);
     write(&v, &mut model, 12 << 20, &far);
-    // An index of a few entries: the far copy is forgotten by the time
-    // its twin is read.
-    let rep = v.dedup(8 * 56, |_, _| {}).unwrap();
+    // Unique data between the copies.
+    write(&v, &mut model, 4 << 20, &data(&mut r, 3, 6 << 20));
+    // An index of a few entries (8 chapters of 3), sampling at its most:
+    // the far copy is forgotten by the time its twin is read.
+    let rep = v.dedup(8 * 4 * 17, |_, _| {}).unwrap();
+    assert_eq!(rep.index_sample, 32, "{rep:?}");
     assert!(rep.index_evicted > 0, "{rep:?}");
     check(&v, &model);
     let rep = v.dedup(BUDGET, |_, _| {}).unwrap();
@@ -151,6 +154,44 @@ fn small_index_and_repeats_inside_a_window() {
         write(&v, &mut model, lba * S, &d);
     }
     v.dedup(BUDGET, |_, _| {}).unwrap();
+    check(&v, &model);
+}
+
+/// An index too small for the volume samples its fingerprints (1 in 16
+/// here) and still finds nearly all of the copies, whole runs from one
+/// hook (docs/DEDUP.md, "Budget").
+#[test]
+fn a_sparse_index_finds_runs_from_their_hooks() {
+    let size = 64 << 20;
+    let (_s, v) = sim_volume(size, None);
+    let mut r = rng(5);
+    let mut model = vec![0u8; size as usize];
+    // 16 contents of 64 KiB to 1 MiB, each at two places, the second
+    // unaligned to the windows; unique data between.
+    let mut copied = 0;
+    for c in 0..16u64 {
+        let len = (16 + 16 * c as usize) * SECTOR_SIZE;
+        let d = data(&mut r, 3, len);
+        write(&v, &mut model, c * (1 << 20), &d);
+        write(&v, &mut model, (32 << 20) + c * (1 << 20) + (c % 7) * S, &d);
+        copied += len as u64 / S;
+    }
+    write(&v, &mut model, 16 << 20, &data(&mut r, 3, 8 << 20));
+    let mapped = v.stats().mapped_bytes / S;
+    // A budget of about an eighth of the mapped sectors' entries (tables
+    // of a power of two slots: 1 in 16 kept here).
+    let budget = mapped / 8 * 20;
+    let rep = v.dedup(budget, |_, _| {}).unwrap();
+    assert!(rep.index_sample >= 8, "{rep:?}");
+    assert_eq!(rep.sectors_mismatched, 0, "{rep:?}");
+    // Each run is shared as a whole once one hook of it is found: all but
+    // runs with no hook at all (about (15/16)^16 of the shortest).
+    assert!(
+        rep.sectors_promoted * 100 >= copied * 95,
+        "{} of {copied} copied sectors shared: {rep:?}",
+        rep.sectors_promoted
+    );
+    assert!(rep.index_entries * 6 <= mapped, "{rep:?}");
     check(&v, &model);
 }
 
