@@ -58,46 +58,99 @@ pub struct DedupReport {
     pub index_bytes: u64,
 }
 
-/// One pass over the whole volume with an index of at most `budget` bytes.
-/// `progress(lba, total_sectors)`.
+/// One pass over the whole volume with an index of at most `budget` bytes
+/// (`squeeze compact --dedup`). `progress(lba, total_sectors)`.
 pub(crate) fn pass(
     inner: &Inner,
     budget: u64,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<DedupReport> {
     let _one = inner.dedup_lock.lock();
-    let policy = inner.policy.read().clone();
-    let w = u64::from(policy.max_blob_sectors());
-    let total = inner.size() / SECTOR_SIZE as u64;
-    let mut ix = Index::new(budget);
-    let mut rep = DedupReport::default();
-    let mut buf = vec![0u8; w as usize * SECTOR_SIZE];
-    let mut at = 0;
-    while let Some(first) = pager::with_map(inner, |st| st.map.next_mapped(at, total))? {
-        let end = (first + w).min(total);
-        let n = (end - first) as usize;
-        {
-            let _window = inner.ranges.lock(first, end);
-            let mut entries = vec![MapEntry::UNMAPPED; n];
-            pager::with_map(inner, |st| st.map.get_range(first, &mut entries))?;
-            let data = &mut buf[..n * SECTOR_SIZE];
-            match read::read_sectors(inner, first, data) {
-                Ok(()) => window(inner, &policy, &mut ix, first, &entries, data, &mut rep)?,
-                Err(e @ (EngineError::Corrupt { .. } | EngineError::Codec { .. })) => {
-                    tracing::warn!("dedup: window at LBA {first} left as it is: {e}");
-                    rep.corrupt_windows += 1;
+    let mut p = Pass::new(0, budget);
+    let done = p.run(inner, || false, &mut progress)?;
+    debug_assert!(done, "a pass never told to stop runs to the end");
+    p.finish(inner)
+}
+
+/// A pass under way: the LBA it resumes at, its index and what it did so
+/// far. The maintenance thread keeps one between idle periods (`run` stops
+/// between windows when told to, `run` again goes on from `at`); the
+/// caller holds `inner.dedup_lock` for each `run` and for `finish`.
+pub(crate) struct Pass {
+    /// The first LBA not read yet.
+    pub(crate) at: u64,
+    ix: Index,
+    pub(crate) rep: DedupReport,
+}
+
+impl Pass {
+    /// A pass that starts at LBA `at` with an empty index of at most
+    /// `budget` bytes.
+    pub(crate) fn new(at: u64, budget: u64) -> Pass {
+        Pass {
+            at,
+            ix: Index::new(budget),
+            rep: DedupReport::default(),
+        }
+    }
+
+    /// Windows from `at` on until the volume's end (true) or until `stop()`,
+    /// asked after each window, says so (false: `at` is where to go on).
+    /// At least one window is read when any is left. The policy is read
+    /// again at each call (a pass resumed after `set` uses the new one).
+    pub(crate) fn run(
+        &mut self,
+        inner: &Inner,
+        mut stop: impl FnMut() -> bool,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<bool> {
+        let policy = inner.policy.read().clone();
+        let w = u64::from(policy.max_blob_sectors());
+        let total = inner.size() / SECTOR_SIZE as u64;
+        let mut buf = vec![0u8; w as usize * SECTOR_SIZE];
+        while let Some(first) = pager::with_map(inner, |st| st.map.next_mapped(self.at, total))? {
+            let end = (first + w).min(total);
+            let n = (end - first) as usize;
+            {
+                let _window = inner.ranges.lock(first, end);
+                let mut entries = vec![MapEntry::UNMAPPED; n];
+                pager::with_map(inner, |st| st.map.get_range(first, &mut entries))?;
+                let data = &mut buf[..n * SECTOR_SIZE];
+                match read::read_sectors(inner, first, data) {
+                    Ok(()) => window(
+                        inner,
+                        &policy,
+                        &mut self.ix,
+                        first,
+                        &entries,
+                        data,
+                        &mut self.rep,
+                    )?,
+                    Err(e @ (EngineError::Corrupt { .. } | EngineError::Codec { .. })) => {
+                        tracing::warn!("dedup: window at LBA {first} left as it is: {e}");
+                        self.rep.corrupt_windows += 1;
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
+            }
+            self.at = end;
+            progress(end, total);
+            if end < total && stop() {
+                return Ok(false);
             }
         }
-        at = end;
-        progress(at, total);
+        self.at = total.max(self.at);
+        Ok(true)
     }
-    rep.orphans_zeroed = super::orphans::zero(inner)?;
-    rep.index_entries = ix.len() as u64;
-    rep.index_evicted = ix.evicted;
-    rep.index_bytes = ix.memory_bytes();
-    Ok(rep)
+
+    /// The end of the pass: orphans zeroed, the index's figures.
+    pub(crate) fn finish(mut self, inner: &Inner) -> Result<DedupReport> {
+        self.rep.orphans_zeroed = super::orphans::zero(inner)?;
+        self.rep.index_entries = self.ix.len() as u64;
+        self.rep.index_evicted = self.ix.evicted;
+        self.rep.index_bytes = self.ix.memory_bytes();
+        Ok(self.rep)
+    }
 }
 
 /// One window `first..first + entries.len()`, whose range lock the caller
