@@ -1,10 +1,10 @@
 //! The maintenance thread (`sqz-maintenance`): while clients write, one
 //! cleaner victim at a time with a rest as long as it took; once they have
-//! been idle for IDLE_AFTER, merging, upgrading (rewriting with the target
-//! codec what the adaptive codec wrote below it), squeezing (rewriting with
-//! the policy's idle level what was written at the target: `space::squeeze`),
-//! deduplicating (dedup mode idle: `dedup::idle`, a step of the pass,
-//! stopped between windows when a client comes) and cleaning without
+//! been idle for IDLE_AFTER, deduplicating (dedup mode idle: `dedup::idle`,
+//! a step of the pass, stopped between windows when a client comes),
+//! merging, upgrading (rewriting with the target codec what the adaptive
+//! codec wrote below it), squeezing (rewriting with the policy's idle level
+//! what was written at the target: `space::squeeze`) and cleaning without
 //! pause, one bounded step at a time; a checkpoint every CHECKPOINT_LOG_BYTES of log
 //! or when dead segments wait to be freed (RECLAIM_BATCH of them while
 //! clients write, any when idle or short of free segments).
@@ -96,6 +96,20 @@ fn idle_step(inner: &Inner, ms: &mut MergeState, dd: &mut DedupState, activity: 
             }
         }
     }
+    // Dedup mode idle: a step of the pass, which stops between windows
+    // as soon as a client does something. Before the merger: it leaves
+    // shared sectors alone, so what the pass links it need not rewrite
+    // (merging content about to be shared is wasted work).
+    if dd.failed_at != Some(activity) {
+        match dd.idle.step(inner, || client_activity(inner) != activity) {
+            Ok(crate::dedup::IdleStep::Nothing) => {}
+            Ok(_) => return true,
+            Err(e) => {
+                tracing::info!("idle deduplication stopped: {e}");
+                dd.failed_at = Some(activity);
+            }
+        }
+    }
     if inner.idle_merge && ms.settled != Some(activity) && merge::worthwhile(inner) {
         if ms.cursor.lba == 0 {
             ms.cursor.merged_this_sweep = 0;
@@ -123,18 +137,6 @@ fn idle_step(inner: &Inner, ms: &mut MergeState, dd: &mut DedupState, activity: 
             Ok(n) if n > 0 => return true,
             Ok(_) => {}
             Err(e) => tracing::info!("zeroing unshared content stopped: {e}"),
-        }
-    }
-    // Dedup mode idle: a step of the pass, which stops between windows
-    // as soon as a client does something.
-    if dd.failed_at != Some(activity) {
-        match dd.idle.step(inner, || client_activity(inner) != activity) {
-            Ok(crate::dedup::IdleStep::Nothing) => {}
-            Ok(_) => return true,
-            Err(e) => {
-                tracing::info!("idle deduplication stopped: {e}");
-                dd.failed_at = Some(activity);
-            }
         }
     }
     // Bytes written below the target under load: rewritten with it now.

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! byte  0  magic             [8]  "SQUEEZE\0"
-//!       8  version           u32  1 to 6 (see `FORMAT_VERSION`)
+//!       8  version           u32  1 to 7 (see `FORMAT_VERSION`)
 //!      12  flags             u32  bit 0: clean (closed with a final checkpoint)
 //!      16  uuid              [16]
 //!      32  generation        u64  bumped on every superblock write
