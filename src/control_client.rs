@@ -4,6 +4,7 @@
 //! `set` and `resize` change a running server's volumes, and `compact`
 //! refuses a socket it is given ([`is_socket`]).
 
+use crate::dedup_args::DedupArgs;
 use crate::policy_args::PolicyArgs;
 use anyhow::{bail, Context, Result};
 use squeeze_engine::VolumeStats;
@@ -34,6 +35,9 @@ pub struct ControlRequest {
     /// set: the new --max-physical in bytes (0 = none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_physical: Option<u64>,
+    /// set: the dedup options to change (as on the command line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup: Option<DedupArgs>,
     /// set: the adaptive codec's lowest rung under busy cores ("raw" or
     /// "lz4"; `serve --burst-floor`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

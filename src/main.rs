@@ -12,6 +12,7 @@
 mod util;
 mod cmd;
 mod control_client;
+mod dedup_args;
 mod machine;
 mod policy_args;
 mod svg;

@@ -162,6 +162,27 @@ fn a_version_5_volume_deduplicates_after_its_upgrade() {
     assert_eq!(st["dedup_references"], 2 * 63, "{st:#}");
 }
 
+/// A version 6 volume reads with dedup off (its superblock has no dedup
+/// settings: bytes 4080..4092 may be checkpoint segment ids before version
+/// 7); `set --dedup idle` checkpoints it to version 7 first, then keeps the
+/// mode, and it still checks clean and reads back.
+#[test]
+fn a_version_6_volume_takes_a_dedup_mode_after_its_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = copy_fixture("format-v6.sqz", dir.path());
+    let v = vol.to_str().unwrap();
+    let data = export_256k(v, &dir.path().join("out.bin"));
+    assert_eq!(info(v)["dedup"]["mode"], "off");
+    let o = squeeze(&["set", v, "--dedup", "idle", "--dedup-index", "16"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let i = info(v);
+    assert_eq!(i["format_version"], squeeze_format::DEDUP_VERSION);
+    assert_eq!(i["dedup"]["mode"], "idle", "{i:#}");
+    assert_eq!(i["dedup"]["index_bytes"], 16 << 20, "{i:#}");
+    check(v);
+    assert_eq!(export_256k(v, &dir.path().join("again.bin")), data);
+}
+
 /// Sectors like a sparse write-ahead log's commits: 128 bytes (half random,
 /// half a repeat of them), then zeros.
 fn commit_sectors(n: usize) -> Vec<u8> {

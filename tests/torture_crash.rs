@@ -100,3 +100,18 @@ fn sigkill_serve_during_idle_upgrades() {
         "no idle upgrade ran before a kill: {t}"
     );
 }
+
+/// Deduplication under the kills (`squeeze-torture --dedup`): a third of
+/// the aligned writes copy other sectors' content, the volume is in dedup
+/// mode idle (most cycles end in an idle phase, where the maintenance
+/// thread runs the dedup pass and is killed in it), and the offline steps
+/// run `compact --dedup`; every sector still reads back exactly.
+#[test]
+fn sigkill_serve_with_dedup_idle_and_compact_dedup() {
+    let mut o = options(16, 0x6465_6475);
+    o.dedup = true;
+    o.compact = true;
+    o.idle_percent = 60;
+    let t = torture_totals(&o);
+    assert!(t.copy_writes > 0, "no write copied another's content: {t}");
+}

@@ -1,9 +1,11 @@
-//! `squeeze create PATH --size SIZE [policy]`: a new, empty, thin volume.
+//! `squeeze create PATH --size SIZE [policy] [--dedup off|idle]
+//! [--dedup-index MIB]`: a new, empty, thin volume.
 
+use crate::dedup_args::{dedup_text, DedupArgs};
 use crate::policy_args::{alg_name, PolicyArgs};
 use crate::util::{create_volume, hex, human, parse_size};
 use anyhow::Result;
-use squeeze_engine::{default_policy, CreateOptions};
+use squeeze_engine::{default_policy, CreateOptions, DedupSettings};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -22,6 +24,8 @@ pub struct Args {
     /// Cap the backing file's physical size; writes fail with ENOSPC at the cap.
     #[arg(long, value_parser = parse_size)]
     pub max_physical: Option<u64>,
+    #[command(flatten)]
+    pub dedup: DedupArgs,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -30,17 +34,19 @@ pub fn run(a: Args) -> Result<ExitCode> {
         segment_size: a.segment_size,
         max_physical: a.max_physical.unwrap_or(0),
         policy: a.policy.apply(default_policy())?,
+        dedup: a.dedup.apply(DedupSettings::default())?,
     };
     let vol = create_volume(&a.path, &opts)?;
     let sb = vol.superblock();
     vol.close()?;
     outln!(
-        "created {} ({} logical, uuid {}, {} {})",
+        "created {} ({} logical, uuid {}, {} {}, dedup {})",
         a.path.display(),
         human(sb.logical_size),
         hex(&sb.uuid),
         alg_name(sb.policy.codec, sb.policy.level),
-        sb.policy.mode.name()
+        sb.policy.mode.name(),
+        dedup_text(&sb.dedup)
     );
     Ok(ExitCode::SUCCESS)
 }

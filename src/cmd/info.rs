@@ -1,5 +1,6 @@
 //! `squeeze info PATH [--json]`: format version, uuid, settings, layout.
 
+use crate::dedup_args::{dedup_json, dedup_text};
 use crate::policy_args::{alg_name, policy_json};
 use crate::util::{hex, human, open_volume_read_only};
 use anyhow::Result;
@@ -43,7 +44,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "file_bytes": file_len,
         "truncated": vol.damage().truncated,
         "damage": (!vol.damage().is_empty()).then(|| vol.damage().to_string()),
-        "policy": policy_json(&p)
+        "policy": policy_json(&p),
+        "dedup": dedup_json(&sb.dedup)
     });
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&info)?);
@@ -130,5 +132,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
     } else {
         outln!("read chunk      {}", human(u64::from(p.read_chunk)));
     }
+    outln!("dedup           {}", dedup_text(&sb.dedup));
     Ok(ExitCode::SUCCESS)
 }

@@ -1,14 +1,17 @@
 //! `squeeze set PATH|SOCKET [--volume NAME] [policy] [--max-physical SIZE]
-//! [--burst-floor raw|lz4]`: change the policy for future writes (as `ceph
-//! osd pool set` does; data already written keeps its codec) and the cap on
-//! the backing file, on a volume file or, through its control socket, on a
-//! running server; and a running server's burst floor (not stored in the
-//! volume: `serve --burst-floor`).
+//! [--dedup off|idle] [--dedup-index MIB] [--burst-floor raw|lz4]`: change
+//! the policy for future writes (as `ceph osd pool set` does; data already
+//! written keeps its codec), the cap on the backing file and the
+//! deduplication settings (docs/DEDUP.md), on a volume file or, through its
+//! control socket, on a running server; and a running server's burst floor
+//! (not stored in the volume: `serve --burst-floor`).
 
 use crate::control_client::{control_call, is_socket, ControlRequest};
+use crate::dedup_args::{dedup_text, DedupArgs};
 use crate::policy_args::{policy_json, PolicyArgs};
 use crate::util::{human, open_volume, parse_size};
 use anyhow::{bail, Result};
+use squeeze_engine::SettingsChange;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -26,6 +29,8 @@ pub struct Args {
     /// below what the file uses is refused (compact first).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_physical: Option<u64>,
+    #[command(flatten)]
+    pub dedup: DedupArgs,
     /// With a control socket: the adaptive codec's lowest rung under busy
     /// cores, `raw` or `lz4` (as `squeeze serve --burst-floor`).
     #[arg(long, value_name = "raw|lz4", value_parser = crate::policy_args::parse_floor)]
@@ -34,14 +39,15 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<ExitCode> {
     let policy_changes = a.policy.given();
-    if !policy_changes && a.max_physical.is_none() && a.burst_floor.is_none() {
+    let dedup_changes = a.dedup.given();
+    if !policy_changes && a.max_physical.is_none() && a.burst_floor.is_none() && !dedup_changes {
         bail!(
-            "nothing to change: give policy options (--algorithm, --mode, ...), --max-physical or --burst-floor"
+            "nothing to change: give policy options (--algorithm, --mode, ...), --max-physical, --dedup, --dedup-index or --burst-floor"
         );
     }
     let mut floor = String::new();
-    // (volume, policy as `policy_json` shows it, max_physical)
-    let (name, p, max_physical) = if is_socket(&a.path) {
+    // (volume, policy as `policy_json` shows it, max_physical, dedup)
+    let (name, p, max_physical, dedup) = if is_socket(&a.path) {
         let v = control_call(
             &a.path,
             &ControlRequest {
@@ -49,6 +55,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 volume: a.volume.clone(),
                 policy: policy_changes.then(|| a.policy.clone()),
                 max_physical: a.max_physical,
+                dedup: dedup_changes.then(|| a.dedup.clone()),
                 burst_floor: a.burst_floor.map(|f| f.to_string()),
                 ..Default::default()
             },
@@ -58,6 +65,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
             v["volume"].as_str().unwrap_or("?").to_string(),
             v["policy"].clone(),
             v["max_physical"].as_u64().unwrap_or(0),
+            format!(
+                "{}, index {} MiB",
+                v["dedup"]["mode"].as_str().unwrap_or("?"),
+                v["dedup"]["index_bytes"].as_u64().unwrap_or(0) >> 20
+            ),
         )
     } else {
         if a.volume.is_some() {
@@ -71,11 +83,19 @@ pub fn run(a: Args) -> Result<ExitCode> {
         let policy = policy_changes
             .then(|| a.policy.apply(vol.policy()))
             .transpose()?;
-        vol.set_settings(policy, a.max_physical)?;
+        let dedup = dedup_changes
+            .then(|| a.dedup.apply(vol.dedup_settings()))
+            .transpose()?;
+        vol.set_settings(SettingsChange {
+            policy,
+            max_physical: a.max_physical,
+            dedup,
+        })?;
         let p = policy_json(&vol.policy());
         let cap = vol.superblock().max_physical;
+        let d = dedup_text(&vol.dedup_settings());
         vol.close()?;
-        (a.path.display().to_string(), p, cap)
+        (a.path.display().to_string(), p, cap, d)
     };
     let policy = format!(
         "algorithm {} mode {} required_ratio {} min_blob {} max_blob {} recompress {} read_chunk {}",
@@ -94,9 +114,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
         human(max_physical)
     };
     if floor.is_empty() {
-        outln!("{name}: {policy} max_physical {cap}");
+        outln!("{name}: {policy} max_physical {cap} dedup {dedup}");
     } else {
-        outln!("{name}: {policy} max_physical {cap} burst_floor {floor}");
+        outln!("{name}: {policy} max_physical {cap} dedup {dedup} burst_floor {floor}");
     }
     Ok(ExitCode::SUCCESS)
 }

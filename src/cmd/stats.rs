@@ -136,6 +136,18 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
         human(s.free_physical_bytes)
     );
     outln!("compression ratio      {:.3}", s.compression_ratio);
+    outln!(
+        "dedup mode             {}, index {} MiB; {} idle passes linked {} sectors{}",
+        s.dedup_mode,
+        s.dedup_index_bytes >> 20,
+        s.dedup_idle_passes,
+        s.dedup_idle_linked_sectors,
+        if s.dedup_idle_cursor > 0 {
+            format!(", one under way at LBA {}", s.dedup_idle_cursor)
+        } else {
+            String::new()
+        }
+    );
     if s.dedup_references > 0 || s.dedup_orphans > 0 {
         outln!(
             "deduplication          {} saved: {} sectors share {} stored once ({:.2} each), {} unshared waiting to be zeroed; data reduction {:.3}",

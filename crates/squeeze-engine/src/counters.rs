@@ -62,9 +62,13 @@ counters! {
     SqueezeNs = 42, "Wall-clock nanoseconds the idle squeeze spent.";
     DedupLinkedSectors = 43, "Client sectors deduplicated: linked to a hidden address (Link records), over the volume's life.";
     DedupSharedWrites = 44, "Sectors written at hidden addresses: the one copy of content that several client sectors share.";
+    DedupIdlePasses = 45, "Whole deduplication passes the maintenance thread finished while clients were idle (dedup mode idle).";
+    DedupIdleLinkedSectors = 46, "Client sectors the idle passes linked to hidden addresses (part of dedup_linked_sectors).";
+    DedupIdleCursor = 47, "The LBA an unfinished idle dedup pass resumes at; 0 when none is under way (state, kept by checkpoints).";
+    DedupIdleMark = 48, "BytesWritten when the last idle dedup pass began: the next begins once clients wrote enough since (state, kept by checkpoints).";
 }
 
-pub const COUNTERS: usize = 45;
+pub const COUNTERS: usize = 49;
 
 pub struct Counters {
     v: [AtomicU64; COUNTERS],
@@ -81,6 +85,11 @@ impl Default for Counters {
 impl Counters {
     pub fn add(&self, c: Counter, n: u64) {
         self.v[c as usize].fetch_add(n, Ordering::Relaxed);
+    }
+    /// For the counters that hold state (`DedupIdleCursor`,
+    /// `DedupIdleMark`).
+    pub fn set(&self, c: Counter, v: u64) {
+        self.v[c as usize].store(v, Ordering::Relaxed);
     }
     pub fn get(&self, c: Counter) -> u64 {
         self.v[c as usize].load(Ordering::Relaxed)

@@ -46,6 +46,7 @@ pub mod storage;
 pub mod volume;
 mod volume_accounting;
 mod volume_passes;
+mod volume_settings;
 pub(crate) mod write;
 
 pub use damage::RecoveryDamage;
@@ -55,10 +56,11 @@ pub use space::gc_policy::{GcPolicy, GARBAGE_BUDGET_MIN};
 pub use space::merge::MergeReport;
 pub use space::relocate::CleanReport;
 pub use squeeze_codec::{Algorithm, CompressEngine, CpuPool};
-pub use squeeze_format::{CodecId, CompressionMode, Policy, SECTOR_SIZE};
+pub use squeeze_format::{CodecId, CompressionMode, DedupMode, DedupSettings, Policy, SECTOR_SIZE};
 pub use stats::{Space, VolumeStats};
 pub use storage::{FileOptions, FileStorage, IoMode, SimFaults, SimStorage, Storage};
 pub use volume::{
     default_policy, CreateOptions, OpenOptions, Volume, MAP_CACHE_DEFAULT, MAP_CACHE_MIN,
     MAX_LOGICAL_SIZE,
 };
+pub use volume_settings::SettingsChange;

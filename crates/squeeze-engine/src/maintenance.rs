@@ -1,9 +1,10 @@
 //! The maintenance thread (`sqz-maintenance`): while clients write, one
 //! cleaner victim at a time with a rest as long as it took; once they have
-//! been idle for IDLE_AFTER, merging, upgrading (rewriting with the target
-//! codec what the adaptive codec wrote below it), squeezing (rewriting with
-//! the policy's idle level what was written at the target: `space::squeeze`)
-//! and cleaning without
+//! been idle for IDLE_AFTER, deduplicating (dedup mode idle: `dedup::idle`,
+//! a step of the pass, stopped between windows when a client comes),
+//! merging, upgrading (rewriting with the target codec what the adaptive
+//! codec wrote below it), squeezing (rewriting with the policy's idle level
+//! what was written at the target: `space::squeeze`) and cleaning without
 //! pause, one bounded step at a time; a checkpoint every CHECKPOINT_LOG_BYTES of log
 //! or when dead segments wait to be freed (RECLAIM_BATCH of them while
 //! clients write, any when idle or short of free segments).
@@ -67,8 +68,17 @@ impl MergeState {
     }
 }
 
+/// The idle deduplication in the maintenance thread.
+#[derive(Default)]
+struct DedupState {
+    idle: crate::dedup::idle::IdleDedup,
+    /// Client activity at which a step failed (out of room, read-only): no
+    /// step until it changes.
+    failed_at: Option<u64>,
+}
+
 /// One step of work while clients are idle; false when there is none left.
-fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
+fn idle_step(inner: &Inner, ms: &mut MergeState, dd: &mut DedupState, activity: u64) -> bool {
     use crate::space::{cleaner, merge, upgrade, victim};
     // Merging turns the records it replaces into garbage: collect it first
     // once there is as much as the busy cleaner would start at.
@@ -83,6 +93,20 @@ fn idle_step(inner: &Inner, ms: &mut MergeState, activity: u64) -> bool {
             Err(e) => {
                 tracing::warn!("cleaner pass failed: {e}");
                 return false;
+            }
+        }
+    }
+    // Dedup mode idle: a step of the pass, which stops between windows
+    // as soon as a client does something. Before the merger: it leaves
+    // shared sectors alone, so what the pass links it need not rewrite
+    // (merging content about to be shared is wasted work).
+    if dd.failed_at != Some(activity) {
+        match dd.idle.step(inner, || client_activity(inner) != activity) {
+            Ok(crate::dedup::IdleStep::Nothing) => {}
+            Ok(_) => return true,
+            Err(e) => {
+                tracing::info!("idle deduplication stopped: {e}");
+                dd.failed_at = Some(activity);
             }
         }
     }
@@ -146,6 +170,7 @@ pub(crate) fn maintenance_loop(inner: &Arc<Inner>) {
     let mut activity = client_activity(inner);
     let mut active_at = Instant::now();
     let mut ms = MergeState::default();
+    let mut dd = DedupState::default();
     loop {
         {
             let mut stop = m.lock();
@@ -172,7 +197,7 @@ pub(crate) fn maintenance_loop(inner: &Arc<Inner>) {
         if active_at.elapsed() >= IDLE_AFTER {
             // Clients are away: merge and clean without pause, one bounded
             // step at a time, so a request that arrives waits for one step.
-            if idle_step(inner, &mut ms, activity) {
+            if idle_step(inner, &mut ms, &mut dd, activity) {
                 pause = Duration::ZERO;
             } else if let Err(e) = crate::space::ahead::release(inner) {
                 // Nothing left to do: the head keeps only its step.

@@ -4,7 +4,7 @@
 //! map's cache, accepting loss), apart from the lifecycle in `volume`.
 
 use squeeze_codec::CompressEngine;
-use squeeze_format::{CodecId, CompressionMode, Policy};
+use squeeze_format::{CodecId, CompressionMode, DedupSettings, Policy};
 use std::sync::Arc;
 
 /// Parameters of a new volume.
@@ -15,6 +15,9 @@ pub struct CreateOptions {
     /// Cap on the backing store's allocated bytes (0 = none).
     pub max_physical: u64,
     pub policy: Policy,
+    /// Deduplication's mode and index budget (docs/DEDUP.md; off by
+    /// default).
+    pub dedup: DedupSettings,
 }
 
 impl CreateOptions {
@@ -24,6 +27,7 @@ impl CreateOptions {
             segment_size: 32 << 20,
             max_physical: 0,
             policy: default_policy(),
+            dedup: DedupSettings::default(),
         }
     }
 }

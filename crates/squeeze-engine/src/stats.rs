@@ -68,6 +68,21 @@ pub struct VolumeStats {
     pub dedup_linked_sectors: u64,
     #[serde(default)]
     pub dedup_shared_writes: u64,
+    /// The volume's dedup mode ("off" or "idle") and its idle pass's index
+    /// budget.
+    #[serde(default)]
+    pub dedup_mode: String,
+    #[serde(default)]
+    pub dedup_index_bytes: u64,
+    /// Over the volume's life: whole idle passes (dedup mode idle), and the
+    /// client sectors they linked (part of dedup_linked_sectors).
+    #[serde(default)]
+    pub dedup_idle_passes: u64,
+    #[serde(default)]
+    pub dedup_idle_linked_sectors: u64,
+    /// The LBA an idle pass under way resumes at (0: none under way).
+    #[serde(default)]
+    pub dedup_idle_cursor: u64,
     /// Logical bytes over physical bytes on disk.
     pub effective_ratio: f64,
     pub bytes_per_algorithm: std::collections::BTreeMap<String, u64>,
@@ -250,6 +265,7 @@ pub struct VolumeStats {
 /// A point-in-time view of the counters and space.
 pub(crate) fn collect(inner: &Inner) -> VolumeStats {
     let c = &inner.counters;
+    let dedup = inner.sb.lock().dedup;
     // One snapshot of the map's state: the dedup figures and the mapped
     // sectors they are taken from must agree (mapped_bytes less
     // dedup_saved_bytes never goes below 0).
@@ -353,6 +369,11 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         dedup_counts_memory_bytes: counts_mem,
         dedup_linked_sectors: c.get(Counter::DedupLinkedSectors),
         dedup_shared_writes: c.get(Counter::DedupSharedWrites),
+        dedup_mode: dedup.mode.name().to_string(),
+        dedup_index_bytes: dedup.index_bytes(),
+        dedup_idle_passes: c.get(Counter::DedupIdlePasses),
+        dedup_idle_linked_sectors: c.get(Counter::DedupIdleLinkedSectors),
+        dedup_idle_cursor: c.get(Counter::DedupIdleCursor),
         effective_ratio: ratio(mapped_bytes, physical),
         bytes_per_algorithm: per_alg,
         blobs_compressed: c.get(Counter::BlobsCompressed),

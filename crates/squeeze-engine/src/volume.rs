@@ -18,7 +18,8 @@
 //! - After any failed write or sync, the volume turns read-only until
 //!   reopened (it cannot know what reached the medium).
 //!
-//! Its maintenance passes on demand live in `volume_passes.rs`, the check
+//! Its maintenance passes on demand live in `volume_passes.rs`, its
+//! settings (policy, cap, deduplication) in `volume_settings.rs`, the check
 //! of its accounting against the map in `volume_accounting.rs` (more
 //! `impl Volume` blocks); how a volume is created and opened lives in
 //! `options`.
@@ -32,7 +33,6 @@ use crate::locks::{RangeLocks, Tickets};
 use crate::map::SectorMap;
 use crate::meta::flush_marks::{self, Synced};
 use crate::meta::{checkpoint, pager, recovery, superblock as sbio};
-use crate::pipeline::burst::BurstFloor;
 use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::Zeros;
 use crate::space::ahead::ALLOC_STEP;
@@ -47,9 +47,8 @@ use crate::{read, write};
 use parking_lot::{Condvar, Mutex, RwLock};
 use squeeze_codec::CompressEngine;
 use squeeze_format::{
-    CheckpointRef, FlushMark, Policy, Superblock, BLOCK_VERSION, CHUNKED_VERSION, DATA_START,
-    FORMAT_VERSION, RECORD_HEADER_SIZE, SECTOR_SIZE, SHORT_HEADER_VERSION, SUPERBLOCK_SIZE,
-    SUPERBLOCK_SLOTS,
+    CheckpointRef, FlushMark, Superblock, BLOCK_VERSION, DATA_START, FORMAT_VERSION,
+    RECORD_HEADER_SIZE, SECTOR_SIZE, SHORT_HEADER_VERSION, SUPERBLOCK_SIZE, SUPERBLOCK_SLOTS,
 };
 use std::sync::Arc;
 
@@ -104,6 +103,7 @@ impl Volume {
             })?,
             max_physical: opts.max_physical,
             policy: opts.policy,
+            dedup: opts.dedup,
             created_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -454,95 +454,6 @@ impl Volume {
         self.inner.sb.lock().clone()
     }
 
-    pub fn policy(&self) -> Policy {
-        self.inner.policy.read().policy
-    }
-
-    /// Changes the policy for future writes and records it durably.
-    pub fn set_policy(&self, policy: Policy) -> Result<()> {
-        self.set_settings(Some(policy), None)
-    }
-
-    /// Changes the policy for future writes and the cap on the backing
-    /// file's allocated bytes (see [`Volume::set_max_physical`]), either or
-    /// both, all or nothing: every change is checked before any is made,
-    /// and one superblock (written to both slots, as for
-    /// [`Volume::resize`]) records them together. On a volume in use as
-    /// well.
-    pub fn set_settings(&self, policy: Option<Policy>, max_physical: Option<u64>) -> Result<()> {
-        if let Some(p) = &policy {
-            p.validate()
-                .map_err(|e| EngineError::Invalid(Invalid::Format(e)))?;
-        }
-        let _one = self.inner.resize_lock.lock();
-        let seg = self.inner.seg_size;
-        if let Some(bytes) = max_physical.filter(|&b| b != 0 && b < DATA_START + 4 * seg) {
-            return Err(EngineError::Invalid(Invalid::MaxPhysicalTooSmall {
-                bytes,
-                min: DATA_START + 4 * seg,
-            }));
-        }
-        self.inner.writable()?;
-        let _one = self.inner.ckpt_lock.lock();
-        let mut log = self.inner.log.lock();
-        let mut sb = self.inner.sb.lock();
-        let mut next = sb.clone();
-        if let Some(p) = policy {
-            next.policy = p;
-            // Version 4 and 5 differ only in the records version 5 may
-            // write: a version 4 volume that asks for chunks is version 5
-            // from this superblock on (older ones upgrade at their next
-            // checkpoint first).
-            if p.read_chunk != 0 && next.version + 1 == CHUNKED_VERSION {
-                next.version = CHUNKED_VERSION;
-            }
-        }
-        if let Some(bytes) = max_physical {
-            next.max_physical = bytes;
-        }
-        next.validate()
-            .map_err(|e| EngineError::Invalid(Invalid::Format(e)))?;
-        let cap = max_segments(&next);
-        if let Some(bytes) = max_physical {
-            if let Some(s) = log.table.first_used_from(cap) {
-                return Err(EngineError::Invalid(Invalid::CapOverData {
-                    bytes,
-                    segment: s,
-                    offset: sb.segment_offset(s),
-                }));
-            }
-        }
-        for _ in 0..2 {
-            sbio::write(&*self.inner.storage, &mut next).inspect_err(|e| self.inner.poison(e))?;
-        }
-        if max_physical.is_some() {
-            log.table.set_cap(cap);
-            tracing::info!(
-                from = sb.max_physical,
-                to = next.max_physical,
-                "max-physical changed"
-            );
-        }
-        drop(log);
-        if let Some(p) = policy {
-            let mut active = self.inner.policy.write();
-            let adapt = active.adapt.as_ref().map(|a| a.config());
-            *active = ActivePolicy::with_adaptation(p, adapt);
-        }
-        *sb = next;
-        Ok(())
-    }
-
-    /// Sets the adaptive codec's lowest rung under saturated cores
-    /// (`OpenOptions::burst_floor`) for the writes to come; the volume's
-    /// file is not touched. None when the volume does not adapt.
-    pub fn set_burst_floor(&self, floor: BurstFloor) -> Option<BurstFloor> {
-        let p = self.inner.policy.read();
-        let a = p.adapt.as_ref()?;
-        a.set_floor(floor);
-        Some(a.floor())
-    }
-
     /// Changes the logical size to `new_size` bytes (a multiple of 4096),
     /// on a volume in use as well: a larger size at once; a smaller one only
     /// when nothing is mapped past it (else `Invalid`, naming the first
@@ -594,15 +505,6 @@ impl Volume {
 
         tracing::info!(from = old, to = new_size, "volume resized");
         Ok(())
-    }
-
-    /// Changes the cap on the backing file's allocated bytes
-    /// (`--max-physical`; 0 = none), on a volume in use as well. A lower
-    /// cap is refused while a segment past it is in use (clean or compact
-    /// first); segments past it that are free are forgotten. Both superblock
-    /// slots are rewritten, as for [`Volume::resize`].
-    pub fn set_max_physical(&self, bytes: u64) -> Result<()> {
-        self.set_settings(None, Some(bytes))
     }
 
     /// The compression engine writes go through.

@@ -1,9 +1,12 @@
 //! `Volume`'s maintenance passes on demand (tests, `squeeze compact`, the
 //! CLI): one bounded pass of the cleaner, the upgrade or the idle squeeze,
-//! the merger, a full compaction, deduplication, a checkpoint now. Each is
+//! the merger, a full compaction, deduplication (a whole pass, or a step of
+//! the idle one), a checkpoint now. Each is
 //! a hand-off to its stage in `space`, `dedup` or `meta`; the maintenance
 //! thread runs the same stages by itself.
 
+use crate::counters::Counter;
+use crate::dedup::idle::{IdleDedup, IdleStep};
 use crate::error::Result;
 use crate::meta::checkpoint;
 use crate::space::merge::MergeReport;
@@ -70,7 +73,27 @@ impl Volume {
         if self.inner.sb.lock().version < squeeze_format::DEDUP_VERSION {
             checkpoint::write(&self.inner, false)?;
         }
-        crate::dedup::pass::pass(&self.inner, index_budget, progress)
+        let c = &self.inner.counters;
+        let written = c.get(Counter::BytesWritten);
+        let rep = crate::dedup::pass::pass(&self.inner, index_budget, progress)?;
+        // A whole pass: the idle mode's next one waits for new writes.
+        c.set(Counter::DedupIdleMark, written);
+        c.set(Counter::DedupIdleCursor, 0);
+        Ok(rep)
+    }
+
+    /// Runs one step of the idle deduplication pass (dedup mode `idle`;
+    /// the maintenance thread does this while clients are idle, see
+    /// [`crate::dedup::idle`]): at most `windows` windows (fewer when the
+    /// step's time is up), from the cursor a stopped pass left.
+    /// `IdleStep::Nothing` with mode off or no pass due.
+    pub fn dedup_idle_step(&self, windows: u64) -> Result<IdleStep> {
+        self.inner.writable()?;
+        let mut n = 0;
+        IdleDedup::default().step(&self.inner, || {
+            n += 1;
+            n >= windows
+        })
     }
 
     /// Writes a checkpoint now (frees segments whose data is all dead).

@@ -282,6 +282,9 @@ struct KillStats {
     faults: u64,
     /// Client sectors deduplication passes linked to hidden addresses.
     dedup_linked: u64,
+    /// Steps of the idle pass (dedup mode idle) that read a window or more:
+    /// cut after 1 to 3 windows, resumed from the cursor by the next.
+    dedup_idle_steps: u64,
 }
 
 fn run_seed(path: IoPath, seed: u64) -> KillStats {
@@ -306,6 +309,11 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
         .prewrite(seed % 4 >= 2);
     let mut opts = small_opts(SIZE);
     opts.policy = policy;
+    // Even seeds deduplicate: in dedup mode idle, so the idle pass's steps
+    // run too (the settings in the superblock survive the power cuts).
+    if seed.is_multiple_of(2) {
+        opts.dedup.mode = squeeze_engine::DedupMode::Idle;
+    }
     let mut vol = Volume::create_with(rig.storage(), &opts, rig.options()).unwrap();
     tune(&vol);
     let mut m = Model::new();
@@ -366,6 +374,19 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
             73..=75 => vol.checkpoint(),
             76..=77 => vol.clean_pass().map(|_| ()),
             // Even seeds deduplicate where odd ones clean or merge.
+            // Every other one a step of the idle pass (from the step, not
+            // the generator: every seed's sequence stays what it was).
+            76..=78 if seed.is_multiple_of(2) && step % 2 == 1 => {
+                use squeeze_engine::dedup::IdleStep;
+                vol.dedup_idle_step(1 + (step % 3) as u64).map(|s| match s {
+                    IdleStep::Nothing => {}
+                    IdleStep::Stopped { .. } => kills.dedup_idle_steps += 1,
+                    IdleStep::Finished(rep) => {
+                        kills.dedup_idle_steps += 1;
+                        kills.dedup_linked += rep.sectors_linked;
+                    }
+                })
+            }
             76..=78 if seed.is_multiple_of(2) => vol.dedup(1 << 20, |_, _| {}).map(|rep| {
                 kills.dedup_linked += rep.sectors_linked;
             }),
@@ -466,17 +487,19 @@ fn run_seeds(path: IoPath) -> KillStats {
         all.upgrades += k.upgrades;
         all.faults += k.faults;
         all.dedup_linked += k.dedup_linked;
+        all.dedup_idle_steps += k.dedup_idle_steps;
     }
     println!(
         "{path:?}: {n} seeds; {} process kills, {} with staged bytes, {} acknowledged \
          unflushed sectors lost to them; {} upgrade passes; {} map chunks paged in; {} \
-         sectors deduplicated",
+         sectors deduplicated ({} idle pass steps)",
         all.kills,
         all.kills_with_staged,
         all.sectors_lost,
         all.upgrades,
         all.faults,
-        all.dedup_linked
+        all.dedup_linked,
+        all.dedup_idle_steps
     );
     if n >= 20 {
         assert!(all.faults > 0, "no seed paged its map in");
@@ -491,6 +514,7 @@ fn run_seeds(path: IoPath) -> KillStats {
             all.dedup_linked > 0,
             "no deduplication pass shared anything"
         );
+        assert!(all.dedup_idle_steps > 0, "no idle pass step read anything");
     }
     all
 }

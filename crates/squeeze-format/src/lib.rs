@@ -8,6 +8,7 @@ pub mod checkpoint_v1;
 pub mod checksum;
 pub mod chunks;
 pub mod codec_id;
+pub mod dedup_settings;
 pub mod flush_mark;
 pub mod layout;
 mod le;
@@ -23,6 +24,7 @@ pub use checkpoint::{
     MapRun, Piece, PieceHeader, PieceKind, PieceStream, PieceWriter, SegmentNote, CHUNK_ENTRIES,
 };
 pub use codec_id::CodecId;
+pub use dedup_settings::{DedupMode, DedupSettings};
 pub use flush_mark::FlushMark;
 pub use layout::*;
 pub use map_entry::MapEntry;

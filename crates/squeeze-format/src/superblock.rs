@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! byte  0  magic             [8]  "SQUEEZE\0"
-//!       8  version           u32  1 to 6 (see `FORMAT_VERSION`)
+//!       8  version           u32  1 to 7 (see `FORMAT_VERSION`)
 //!      12  flags             u32  bit 0: clean (closed with a final checkpoint)
 //!      16  uuid              [16]
 //!      32  generation        u64  bumped on every superblock write
@@ -29,10 +29,14 @@
 //!     104  ckpt_crc          u32  v2: CRC-32C of the chain's last piece;
 //!                                 v1: CRC-32C of the whole stream
 //!     108  ckpt_segments     u32  number of segment ids that follow
-//!     112  segment ids       u32 x ckpt_segments (at most MAX_CKPT_SEGMENTS)
+//!     112  segment ids       u32 x ckpt_segments (at most MAX_CKPT_SEGMENTS;
+//!                                 before format 7, MAX_CKPT_SEGMENTS_BEFORE_7)
+//!    4080  dedup settings    [12] format 7: mode, index budget
+//!                                 (`dedup_settings.rs`); before 7, segment ids
 //!    4092  crc               u32  CRC-32C of bytes 0..4092
 //! ```
 
+use crate::dedup_settings::{DedupSettings, DEDUP_SETTINGS_OFFSET};
 use crate::layout::{
     MAX_BACKING_BYTES, MAX_BLOB_SECTORS, SECTOR_SIZE, SEGMENT_SIZE_MAX, SEGMENT_SIZE_MIN,
     SUPERBLOCK_SIZE,
@@ -73,8 +77,21 @@ pub const DEDUP_VERSION: u32 = 7;
 pub const CHAIN_VERSION: u32 = 3;
 /// The oldest format version this build opens.
 pub const OLDEST_READABLE_VERSION: u32 = 1;
-/// Most segments one checkpoint may span.
-pub const MAX_CKPT_SEGMENTS: usize = (SUPERBLOCK_SIZE - 4 - 112) / 4;
+/// Most segments one checkpoint may span (format 7: the ids end where the
+/// dedup settings begin).
+pub const MAX_CKPT_SEGMENTS: usize = (DEDUP_SETTINGS_OFFSET - 112) / 4;
+/// ... in a superblock of a version before 7, whose ids could run up to
+/// the checksum.
+pub const MAX_CKPT_SEGMENTS_BEFORE_7: usize = (SUPERBLOCK_SIZE - 4 - 112) / 4;
+
+/// Most segments a checkpoint of a superblock in `version` may span.
+fn max_ckpt_segments(version: u32) -> usize {
+    if version < DEDUP_VERSION {
+        MAX_CKPT_SEGMENTS_BEFORE_7
+    } else {
+        MAX_CKPT_SEGMENTS
+    }
+}
 
 /// BlueStore's compression_mode, with its meaning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,6 +237,9 @@ pub struct Superblock {
     pub segment_size: u32,
     pub max_physical: u64,
     pub policy: Policy,
+    /// Format 7: the deduplication mode and index budget (the default
+    /// before 7).
+    pub dedup: DedupSettings,
     pub created_unix: u64,
     /// Set by a clean close: nothing follows the checkpoint's replay position.
     pub clean: bool,
@@ -265,9 +285,16 @@ impl Superblock {
         if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&self.version) {
             return bad(format!("version {}", self.version));
         }
-        if self.checkpoint.segments.len() > MAX_CKPT_SEGMENTS {
+        if self.checkpoint.segments.len() > max_ckpt_segments(self.version) {
             return bad("too many checkpoint segments".into());
         }
+        if self.version < DEDUP_VERSION && self.dedup != DedupSettings::default() {
+            return bad(format!(
+                "dedup settings in a version {} superblock (they need version {DEDUP_VERSION})",
+                self.version
+            ));
+        }
+        self.dedup.validate()?;
         if self.version < CHUNKED_VERSION && self.policy.read_chunk != 0 {
             return bad(format!(
                 "a read chunk in a version {} superblock (chunked records need version {CHUNKED_VERSION})",
@@ -306,6 +333,9 @@ impl Superblock {
         put_u32(&mut b, 108, self.checkpoint.segments.len() as u32);
         for (i, s) in self.checkpoint.segments.iter().enumerate() {
             put_u32(&mut b, 112 + 4 * i, *s);
+        }
+        if self.version >= DEDUP_VERSION {
+            self.dedup.encode(&mut b);
         }
         let crc = checksum::crc32c(&b[..SUPERBLOCK_SIZE - 4]);
         put_u32(&mut b, SUPERBLOCK_SIZE - 4, crc);
@@ -354,7 +384,7 @@ impl Superblock {
             });
         }
         let n = get_u32(b, 108) as usize;
-        if n > MAX_CKPT_SEGMENTS {
+        if n > max_ckpt_segments(version) {
             return Err(FormatError::Invalid {
                 what: "superblock",
                 why: format!("{n} checkpoint segments"),
@@ -386,6 +416,11 @@ impl Superblock {
                         })
                     }
                 },
+            },
+            dedup: if version >= DEDUP_VERSION {
+                DedupSettings::decode(b)?
+            } else {
+                DedupSettings::default()
             },
             created_unix: get_u64(b, 88),
             clean: flags & 1 != 0,
@@ -423,6 +458,7 @@ mod tests {
                 recompress_level: 0,
                 read_chunk: 32 << 10,
             },
+            dedup: DedupSettings::default(),
             created_unix: 1_700_000_000,
             clean: true,
             checkpoint: CheckpointRef {
@@ -514,5 +550,32 @@ mod tests {
         let crc = checksum::crc32c(&b[..SUPERBLOCK_SIZE - 4]);
         put_u32(&mut b, SUPERBLOCK_SIZE - 4, crc);
         assert!(Superblock::decode(&b).is_err());
+    }
+
+    #[test]
+    fn dedup_settings_from_format_7_and_segment_ids_before_it() {
+        use crate::dedup_settings::DedupMode;
+        let mut sb = sample();
+        sb.dedup = DedupSettings {
+            mode: DedupMode::Idle,
+            index_mib: 32,
+        };
+        assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+        // Format 7 holds at most MAX_CKPT_SEGMENTS ids: the settings follow.
+        sb.checkpoint.segments = (0..MAX_CKPT_SEGMENTS as u32).collect();
+        assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+        sb.checkpoint.segments.push(7);
+        assert!(sb.validate().is_err());
+        // Before 7 the bytes are segment ids, and settings are refused.
+        let mut v6 = Superblock {
+            version: 6,
+            ..sample()
+        };
+        v6.checkpoint.segments = (1..=MAX_CKPT_SEGMENTS_BEFORE_7 as u32).collect();
+        let back = Superblock::decode(&v6.encode()).unwrap();
+        assert_eq!(back, v6);
+        assert_eq!(back.dedup, DedupSettings::default());
+        v6.dedup.mode = DedupMode::Idle;
+        assert!(v6.validate().is_err());
     }
 }

@@ -110,7 +110,8 @@ pub(crate) fn drive(
                 let rng = Rng::derive(o.seed, cycle, i as u64);
                 let tx = c.stream;
                 let limit = plan.inflight;
-                s.spawn(move || sender(sync, i, tx, rng, limit, o.seed));
+                let dedup = o.dedup;
+                s.spawn(move || sender(sync, i, tx, rng, limit, o.seed, dedup));
                 s.spawn(move || receiver(sync, i, rx));
             }
             std::thread::sleep(Duration::from_millis(plan.write_ms));
@@ -181,6 +182,10 @@ fn pick_range(r: &mut Rng, size: u64, big: u64) -> (u64, u64, bool) {
     }
 }
 
+/// Aligned ranges this sender wrote lately: the sources `--dedup`'s copies
+/// prefer (content that is not all zeros).
+const RECENT: usize = 32;
+
 fn sender(
     sync: &Sync,
     conn: usize,
@@ -188,9 +193,11 @@ fn sender(
     mut r: Rng,
     limit: u64,
     seed: u64,
+    dedup: bool,
 ) {
     let size = sync.lock().model.latest.len() as u64;
     let mut buf = Vec::new();
+    let mut recent: Vec<u64> = Vec::new();
     loop {
         // Choose under the lock, fill outside it, register, send.
         let dice = r.below(100);
@@ -212,6 +219,8 @@ fn sender(
         } else {
             4 << 20
         };
+        // --dedup: a third of the aligned writes copy other sectors.
+        let copy = dedup && cmd == nbd::CMD_WRITE && r.percent(33);
         let mut g = sync.lock();
         let mut tries = 0;
         let (offset, len, unaligned) = loop {
@@ -271,10 +280,27 @@ fn sender(
                     },
                     if fua { " FUA" } else { "" }
                 );
+                // The source of a copy: a range this sender wrote lately
+                // (in this cycle), else anywhere (content of earlier
+                // cycles too); sector-aligned, so the copy's sectors are
+                // the source's.
+                let src = (copy && !unaligned).then(|| {
+                    let from = if !recent.is_empty() && r.percent(70) {
+                        recent[r.below(recent.len() as u64) as usize]
+                    } else {
+                        r.below(size / SECTOR) * SECTOR
+                    };
+                    from.min(size - len) / SECTOR * SECTOR
+                });
+                let note = match src {
+                    Some(s) => format!("{note} (a copy of the bytes at {s})"),
+                    None => note,
+                };
                 g.model.notes.insert(id, note);
                 match cmd {
                     nbd::CMD_WRITE => {
                         g.t.writes += 1;
+                        g.t.copy_writes += u64::from(src.is_some());
                         g.t.fua_writes += u64::from(fua);
                         g.t.unaligned_writes += u64::from(unaligned);
                         g.t.bytes_written += len;
@@ -282,15 +308,27 @@ fn sender(
                     nbd::CMD_TRIM => g.t.trims += 1,
                     _ => g.t.write_zeroes += 1,
                 }
-                drop(g);
                 buf.resize(len as usize, 0);
-                let k = if cmd == nbd::CMD_WRITE {
-                    kind
+                if let Some(s) = src {
+                    // What the model says those sectors hold now (an
+                    // unfinished write's bytes, maybe: any bytes do).
+                    buf.copy_from_slice(&g.model.latest[s as usize..(s + len) as usize]);
                 } else {
-                    Kind::Zero
-                };
-                fill(&mut buf, seed, id, offset, k);
-                g = sync.lock();
+                    drop(g);
+                    let k = if cmd == nbd::CMD_WRITE {
+                        kind
+                    } else {
+                        Kind::Zero
+                    };
+                    fill(&mut buf, seed, id, offset, k);
+                    g = sync.lock();
+                }
+                if dedup && cmd == nbd::CMD_WRITE && !unaligned && kind != Kind::Zero {
+                    if recent.len() == RECENT {
+                        recent.remove(0);
+                    }
+                    recent.push(offset);
+                }
                 g.model.apply_write(id, offset, &buf);
                 Op::Write {
                     id,

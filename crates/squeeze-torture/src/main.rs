@@ -14,6 +14,11 @@ const USAGE: &str = "usage: squeeze-torture [options]
   --seed S           seed (default: from the clock; printed)
   --compact          between some cycles stop the server, run squeeze check and
                      squeeze compact (sometimes SIGKILLed part way)
+  --dedup            a third of the aligned writes copy other sectors' content
+                     (duplicates within and across cycles); the volume is
+                     created with --dedup idle, and --compact runs
+                     compact --dedup; --idle-percent defaults to 30, so
+                     idle passes run and are killed
   --bin PATH         the squeeze binary (default: $SQUEEZE_BIN, else squeeze
                      beside this executable, else squeeze on PATH)
   --size BYTES       logical volume size (default 67108864)
@@ -62,6 +67,7 @@ fn parse_args() -> Result<Options, String> {
     let mut o = Options::new(default_bin(), seed, 100);
     o.verbose = true;
     let mut args = std::env::args().skip(1);
+    let mut idle_given = false;
     while let Some(a) = args.next() {
         let mut val = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
         let num = |s: String| s.parse::<u64>().map_err(|e| format!("{s}: {e}"));
@@ -69,6 +75,7 @@ fn parse_args() -> Result<Options, String> {
             "--cycles" => o.cycles = num(val("--cycles")?)?,
             "--seed" => o.seed = num(val("--seed")?)?,
             "--compact" => o.compact = true,
+            "--dedup" => o.dedup = true,
             "--saturated-engine" => o.saturated_engine = true,
             "--wait-for-upgrade" => o.wait_for_upgrade = true,
             "--prewrite" => o.prewrite = true,
@@ -79,7 +86,10 @@ fn parse_args() -> Result<Options, String> {
             "--min-ms" => o.min_ms = num(val("--min-ms")?)?,
             "--max-ms" => o.max_ms = num(val("--max-ms")?)?,
             "--long-percent" => o.long_percent = num(val("--long-percent")?)?,
-            "--idle-percent" => o.idle_percent = num(val("--idle-percent")?)?,
+            "--idle-percent" => {
+                o.idle_percent = num(val("--idle-percent")?)?;
+                idle_given = true;
+            }
             "--max-conns" => o.max_conns = num(val("--max-conns")?)?,
             "--max-inflight" => o.max_inflight = num(val("--max-inflight")?)?,
             "--workdir" => o.workdir = Some(PathBuf::from(val("--workdir")?)),
@@ -88,6 +98,9 @@ fn parse_args() -> Result<Options, String> {
             "-h" | "--help" => return Err(String::new()),
             _ => return Err(format!("unknown argument {a}")),
         }
+    }
+    if o.dedup && !idle_given {
+        o.idle_percent = 30;
     }
     if o.size < 16 << 20 || !o.size.is_multiple_of(4096) {
         return Err("--size must be a multiple of 4096 and at least 16 MiB".into());
@@ -117,6 +130,9 @@ fn main() -> ExitCode {
             ""
         }
     );
+    if o.dedup {
+        eprintln!("squeeze-torture: with duplicated data and dedup mode idle");
+    }
     match run(&o, &mut |l| eprintln!("{l}")) {
         Ok(t) => {
             println!("squeeze-torture: seed {} passed: {t}", o.seed);

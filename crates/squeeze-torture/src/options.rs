@@ -37,6 +37,13 @@ pub struct Options {
     /// `squeeze check`, run `squeeze compact` (sometimes SIGKILLed part
     /// way), then restart and verify.
     pub compact: bool,
+    /// Deduplication under the kills: a third of the aligned writes copy
+    /// what the model says some sectors hold now (often a range written
+    /// lately, in this cycle or an earlier one) to other sectors, so the
+    /// volume holds real duplicates; the volume is created with `--dedup
+    /// idle` (the server deduplicates in its idle phases, and is killed in
+    /// the middle of it) and `compact` runs `compact --dedup`.
+    pub dedup: bool,
     /// Start the server with `--simulate-saturated-engine`: every write
     /// batch is compressed below the volume's target codec, so the idle
     /// phases (`idle_percent`) run upgrades and kills land inside them.
@@ -78,6 +85,7 @@ impl Options {
             max_conns: 3,
             max_inflight: 16,
             compact: false,
+            dedup: false,
             saturated_engine: false,
             wait_for_upgrade: false,
             prewrite: false,
@@ -108,6 +116,9 @@ impl Options {
         }
         if self.compact {
             c.push_str(" --compact");
+        }
+        if self.dedup {
+            c.push_str(" --dedup");
         }
         if self.saturated_engine {
             c.push_str(" --saturated-engine");

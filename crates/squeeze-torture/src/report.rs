@@ -75,6 +75,13 @@ pub struct Totals {
     /// Idle cycles whose server had upgraded bytes before its SIGKILL (the
     /// kill then lands during or right after an upgrade pass).
     pub kills_after_upgrades: u64,
+    /// Whole idle dedup passes, the sectors they linked, and SIGKILLs that
+    /// found one under way (its cursor past 0 just before the kill).
+    pub dedup_idle_passes: u64,
+    pub dedup_idle_linked_sectors: u64,
+    pub kills_in_dedup_passes: u64,
+    /// Aligned writes that copied other sectors' content (`--dedup`).
+    pub copy_writes: u64,
     pub seconds: f64,
 }
 
@@ -82,7 +89,7 @@ impl fmt::Display for Totals {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} cycles in {:.1} s: {} SIGKILLs with {} requests in flight, {} connections; {} writes ({} FUA, {} unaligned, {:.1} MiB), {} reads, {} flushes, {} trims, {} write-zeroes; {} clean stops, {} compacts ({} killed), {} checks; after the crashes: {} sectors at their latest content, {} at an intermediate one, {} rolled back to durable; {} of these lost an acknowledged unflushed write; volume: {} checkpoints, {} segments reclaimed, cleaner moved {:.1} MiB, merger rewrote {:.1} MiB, log {:.1} MiB; {:.1} MiB written below the target codec, {:.1} MiB upgraded, {} idle kills after upgrades",
+            "{} cycles in {:.1} s: {} SIGKILLs with {} requests in flight, {} connections; {} writes ({} FUA, {} unaligned, {:.1} MiB), {} reads, {} flushes, {} trims, {} write-zeroes; {} clean stops, {} compacts ({} killed), {} checks; after the crashes: {} sectors at their latest content, {} at an intermediate one, {} rolled back to durable; {} of these lost an acknowledged unflushed write; volume: {} checkpoints, {} segments reclaimed, cleaner moved {:.1} MiB, merger rewrote {:.1} MiB, log {:.1} MiB; {:.1} MiB written below the target codec, {:.1} MiB upgraded, {} idle kills after upgrades; {} copy writes, {} idle dedup passes linked {} sectors, {} kills with a dedup pass under way",
             self.cycles,
             self.seconds,
             self.kills,
@@ -111,11 +118,16 @@ impl fmt::Display for Totals {
             self.log_bytes_written as f64 / (1u64 << 20) as f64,
             self.below_target_bytes as f64 / (1u64 << 20) as f64,
             self.upgraded_bytes as f64 / (1u64 << 20) as f64,
-            self.kills_after_upgrades
+            self.kills_after_upgrades,
+            self.copy_writes,
+            self.dedup_idle_passes,
+            self.dedup_idle_linked_sectors,
+            self.kills_in_dedup_passes
         )
     }
 }
 
 /// checkpoints, segments_reclaimed, cleaner_bytes_moved, log_bytes_written,
-/// merged_bytes, below_target_bytes, upgraded_bytes of a running server.
-pub(crate) type Counters = [u64; 7];
+/// merged_bytes, below_target_bytes, upgraded_bytes, dedup_idle_passes,
+/// dedup_idle_linked_sectors, dedup_idle_cursor of a running server.
+pub(crate) type Counters = [u64; 10];

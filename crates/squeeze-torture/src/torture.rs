@@ -71,6 +71,8 @@ fn run_in(
             OsStr::new(&size_arg),
             OsStr::new("--segment-size"),
             OsStr::new(&o.segment_size),
+            OsStr::new("--dedup"),
+            OsStr::new(if o.dedup { "idle" } else { "off" }),
         ],
         &log,
     )?;
@@ -119,6 +121,12 @@ fn run_in(
             g.t.upgraded_bytes += upgraded;
             if upgraded > 0 && plan.idle_ms.is_some() {
                 g.t.kills_after_upgrades += 1;
+            }
+            g.t.dedup_idle_passes += after[7].saturating_sub(before[7]);
+            g.t.dedup_idle_linked_sectors += after[8].saturating_sub(before[8]);
+            // Sampled just before the kill: a pass was under way.
+            if after[9] > 0 {
+                g.t.kills_in_dedup_passes += 1;
             }
             g.t.kills += 1;
             g.t.in_flight_at_kill += inflight;
@@ -207,6 +215,9 @@ fn counters(o: &Options, vol: &Path, log: &Path) -> Result<Counters, String> {
         n("merged_bytes"),
         n("below_target_bytes"),
         n("upgraded_bytes"),
+        n("dedup_idle_passes"),
+        n("dedup_idle_linked_sectors"),
+        n("dedup_idle_cursor"),
     ])
 }
 
@@ -265,7 +276,10 @@ fn offline_step(
         sync.lock().t.checks += 1;
         what.push("check".into());
     }
-    let args = [OsStr::new("compact"), vol.as_os_str()];
+    let mut args = vec![OsStr::new("compact"), vol.as_os_str()];
+    if o.dedup {
+        args.push(OsStr::new("--dedup"));
+    }
     let (st, killed) = match plan.kill_compact_ms {
         Some(ms) => proc::run_and_kill(&o.bin, &args, log, Duration::from_millis(ms))?,
         None => (proc::run(&o.bin, &args, log)?, false),

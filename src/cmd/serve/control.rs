@@ -10,6 +10,7 @@ use super::ublk_stats::{ublk_json, UblkRegistry};
 use crate::control_client::ControlRequest;
 use crate::policy_args::policy_json;
 use anyhow::{bail, Context, Result};
+use squeeze_engine::SettingsChange;
 use squeeze_nbd::Server;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -102,11 +103,19 @@ fn control_request(
         "set" => {
             let (name, dev) = pick()?;
             let policy = req.policy.as_ref().filter(|p| p.given());
-            if policy.is_none() && req.max_physical.is_none() && req.burst_floor.is_none() {
+            let dedup = req.dedup.as_ref().filter(|d| d.given());
+            if policy.is_none()
+                && req.max_physical.is_none()
+                && req.burst_floor.is_none()
+                && dedup.is_none()
+            {
                 bail!("set: nothing to change");
             }
             // All or nothing: every change is checked before any is made.
             let policy = policy.map(|p| p.apply(dev.vol.policy())).transpose()?;
+            let dedup = dedup
+                .map(|d| d.apply(dev.vol.dedup_settings()))
+                .transpose()?;
             let floor = req
                 .burst_floor
                 .as_deref()
@@ -115,8 +124,12 @@ fn control_request(
             if floor.is_some() && dev.vol.stats().burst_floor.is_empty() {
                 bail!("set: this volume does not adapt its codec (--no-adapt): no burst floor");
             }
-            if policy.is_some() || req.max_physical.is_some() {
-                dev.vol.set_settings(policy, req.max_physical)?;
+            if policy.is_some() || req.max_physical.is_some() || dedup.is_some() {
+                dev.vol.set_settings(SettingsChange {
+                    policy,
+                    max_physical: req.max_physical,
+                    dedup,
+                })?;
             }
             if let Some(f) = floor {
                 dev.vol.set_burst_floor(f);
@@ -128,6 +141,7 @@ fn control_request(
                 "volume": name,
                 "policy": policy_json(&dev.vol.policy()),
                 "max_physical": dev.vol.superblock().max_physical,
+                "dedup": crate::dedup_args::dedup_json(&dev.vol.dedup_settings()),
                 "burst_floor": floor,
             }))
         }

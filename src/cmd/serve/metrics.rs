@@ -191,6 +191,18 @@ pub(super) fn prometheus(
         |s: &VolumeStats| s.dedup_counts_memory_bytes
     );
     m!(
+        "dedup_idle_passes_total",
+        "Whole deduplication passes run while clients were idle (dedup mode idle).",
+        "counter",
+        |s: &VolumeStats| s.dedup_idle_passes
+    );
+    m!(
+        "dedup_idle_linked_sectors_total",
+        "Client sectors the idle deduplication passes linked to shared content.",
+        "counter",
+        |s: &VolumeStats| s.dedup_idle_linked_sectors
+    );
+    m!(
         "blobs_compressed_total",
         "Blobs stored compressed.",
         "counter",

@@ -5,10 +5,11 @@
 //! The index holds 16-byte entries (the key, and the address: a client
 //! LBA or, from `SHARED_BASE` up, a hidden one) in *chapters*, hash tables
 //! filled to 7/8 of their slots and dropped whole, oldest first, when the
-//! budget is reached: 19.4 bytes of RAM an entry (16 and a control byte
+//! budget is reached (8 to 15 of them, as many tables of a power of two
+//! slots as the budget holds): 19.4 bytes of RAM an entry (16 and a control byte
 //! a slot, 7 entries in 8 slots), with no eviction
 //! queue. A lookup asks the chapters newest first (at most
-//! [`CHAPTERS`] + 1 of them).
+//! at most 15 of them).
 //!
 //! **Sampling** (a sparse index, as VDO's sparse mode): only fingerprints
 //! whose high bits are 0 modulo `sample` are *hooks* kept in the index;
@@ -55,7 +56,8 @@ impl Loc {
     }
 }
 
-/// Chapters of a full index: eviction drops 1/CHAPTERS of it at a time.
+/// Chapters of a full index, at least: eviction drops at most 1/CHAPTERS
+/// of it at a time.
 pub(crate) const CHAPTERS: usize = 8;
 
 /// The most a pass samples: 1 hook in 32 sectors keeps about 95% of the
@@ -86,10 +88,15 @@ impl Hasher for KeyHasher {
 /// Entries of one chapter within `budget`: a table of a power of two
 /// slots (at least 4) filled to hashbrown's load, 7/8 (3 of 4, 7 of 8
 /// in the smallest tables), so that it never grows.
-fn chapter_cap(budget: u64) -> usize {
+/// Returns (entries of a chapter, chapters): as many tables as fit.
+fn chapter_cap(budget: u64) -> (usize, usize) {
     let slots = (budget / CHAPTERS as u64 / 17).max(4);
     let slots = 1u64 << (63 - slots.leading_zeros()); // down to a power of two
-    (if slots < 8 { slots - 1 } else { slots / 8 * 7 }) as usize
+    let count = (budget / (slots * 17)).max(CHAPTERS as u64) as usize;
+    (
+        (if slots < 8 { slots - 1 } else { slots / 8 * 7 }) as usize,
+        count,
+    )
 }
 
 type Chapter = HashMap<u64, u64, BuildHasherDefault<KeyHasher>>;
@@ -98,6 +105,7 @@ pub(crate) struct Index {
     /// Newest last.
     chapters: VecDeque<Chapter>,
     chapter_cap: usize,
+    max_chapters: usize,
     sample: u64,
     /// Entries pushed out by the budget over the index's life.
     pub(crate) evicted: u64,
@@ -110,7 +118,8 @@ impl Index {
         debug_assert!(sample.is_power_of_two());
         Index {
             chapters: VecDeque::new(),
-            chapter_cap: chapter_cap(budget),
+            chapter_cap: chapter_cap(budget).0,
+            max_chapters: chapter_cap(budget).1,
             sample,
             evicted: 0,
         }
@@ -120,7 +129,8 @@ impl Index {
     /// `budget` bytes: dense while they all fit, then the smallest power
     /// of two that makes them fit, at most [`MAX_SAMPLE`].
     pub(crate) fn sample_for(budget: u64, sectors: u64) -> u64 {
-        let entries = (chapter_cap(budget) * CHAPTERS) as u64;
+        let (cap, count) = chapter_cap(budget);
+        let entries = (cap * count) as u64;
         sectors
             .div_ceil(entries)
             .max(1)
@@ -161,8 +171,8 @@ impl Index {
             .back()
             .is_none_or(|c| c.len() >= self.chapter_cap)
         {
-            if self.chapters.len() == CHAPTERS {
-                let old = self.chapters.pop_front().expect("CHAPTERS > 0");
+            if self.chapters.len() == self.max_chapters {
+                let old = self.chapters.pop_front().expect("max_chapters > 0");
                 self.evicted += old.len() as u64;
             }
             // Grown as filled (a volume smaller than the budget takes
@@ -244,8 +254,10 @@ mod tests {
     fn sampling_fits_the_sectors_in_the_budget() {
         // 8 chapters of 1024 slots: 896 entries each.
         let b = CHAPTERS as u64 * 1024 * 17;
-        assert_eq!(chapter_cap(b), 896);
-        assert_eq!(chapter_cap(b + 17 * 1000), 896, "down to a power of two");
+        assert_eq!(chapter_cap(b), (896, CHAPTERS));
+        // Down to a power of two slots, and as many more tables as fit.
+        assert_eq!(chapter_cap(b + 17 * 1000), (896, CHAPTERS));
+        assert_eq!(chapter_cap(2 * b - 1), (896, 2 * CHAPTERS - 1));
         let n = 896 * CHAPTERS as u64;
         assert_eq!(Index::sample_for(b, 0), 1);
         assert_eq!(Index::sample_for(b, n), 1);

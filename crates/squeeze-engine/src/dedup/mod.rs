@@ -10,10 +10,14 @@
 //!   window);
 //! - `pass`: the pass that finds duplicates and shares them (`squeeze
 //!   compact --dedup`, `Volume::dedup`);
+//! - `idle`: the pass run by the maintenance thread while clients are
+//!   idle (dedup mode `idle`), a step at a time, resumed from a cursor;
 //! - `orphans`: hidden addresses no sector refers to any more, zeroed.
 
+pub mod idle;
 pub(crate) mod index;
 pub(crate) mod orphans;
 pub mod pass;
 
+pub use idle::IdleStep;
 pub use pass::DedupReport;

@@ -69,51 +69,105 @@ pub struct DedupReport {
     pub index_sample: u64,
 }
 
-/// One pass over the whole volume with an index of at most `budget` bytes.
-/// `progress(lba, total_sectors)`.
+/// One pass over the whole volume with an index of at most `budget` bytes
+/// (`squeeze compact --dedup`). `progress(lba, total_sectors)`.
 pub(crate) fn pass(
     inner: &Inner,
     budget: u64,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<DedupReport> {
     let _one = inner.dedup_lock.lock();
-    let policy = inner.policy.read().clone();
-    let w = u64::from(policy.max_blob_sectors());
-    let total = inner.size() / SECTOR_SIZE as u64;
-    let mapped = inner.state.read().map.mapped();
-    let mut ix = Index::new(budget, Index::sample_for(budget, mapped));
-    let mut carry = None;
-    let mut rep = DedupReport::default();
-    let mut buf = vec![0u8; w as usize * SECTOR_SIZE];
-    let mut at = 0;
-    while let Some(first) = pager::with_map(inner, |st| st.map.next_mapped(at, total))? {
-        let end = (first + w).min(total);
-        let n = (end - first) as usize;
-        {
-            let _window = inner.ranges.lock(first, end);
-            let mut entries = vec![MapEntry::UNMAPPED; n];
-            pager::with_map(inner, |st| st.map.get_range(first, &mut entries))?;
-            let data = &mut buf[..n * SECTOR_SIZE];
-            match read::read_sectors(inner, first, data) {
-                Ok(()) => window(
-                    inner, &policy, &mut ix, first, &entries, data, &mut rep, &mut carry,
-                )?,
-                Err(e @ (EngineError::Corrupt { .. } | EngineError::Codec { .. })) => {
-                    tracing::warn!("dedup: window at LBA {first} left as it is: {e}");
-                    rep.corrupt_windows += 1;
+    let mut p = Pass::new(inner, 0, budget);
+    let done = p.run(inner, || false, &mut progress)?;
+    debug_assert!(done, "a pass never told to stop runs to the end");
+    p.finish(inner)
+}
+
+/// A pass under way: the LBA it resumes at, its index and what it did so
+/// far. The maintenance thread keeps one between idle periods (`run` stops
+/// between windows when told to, `run` again goes on from `at`); the
+/// caller holds `inner.dedup_lock` for each `run` and for `finish`.
+pub(crate) struct Pass {
+    /// The first LBA not read yet.
+    pub(crate) at: u64,
+    ix: Index,
+    /// The alignment of a run shared up to the last window's end.
+    carry: Option<Delta>,
+    pub(crate) rep: DedupReport,
+}
+
+impl Pass {
+    /// A pass that starts at LBA `at` with an empty index of at most
+    /// `budget` bytes, sampled as the volume's mapped sectors need.
+    pub(crate) fn new(inner: &Inner, at: u64, budget: u64) -> Pass {
+        let mapped = inner.state.read().map.mapped();
+        Pass {
+            at,
+            ix: Index::new(budget, Index::sample_for(budget, mapped)),
+            carry: None,
+            rep: DedupReport::default(),
+        }
+    }
+
+    /// Windows from `at` on until the volume's end (true) or until `stop()`,
+    /// asked after each window, says so (false: `at` is where to go on).
+    /// At least one window is read when any is left. The policy is read
+    /// again at each call (a pass resumed after `set` uses the new one).
+    pub(crate) fn run(
+        &mut self,
+        inner: &Inner,
+        mut stop: impl FnMut() -> bool,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<bool> {
+        let policy = inner.policy.read().clone();
+        let w = u64::from(policy.max_blob_sectors());
+        let total = inner.size() / SECTOR_SIZE as u64;
+        let mut buf = vec![0u8; w as usize * SECTOR_SIZE];
+        while let Some(first) = pager::with_map(inner, |st| st.map.next_mapped(self.at, total))? {
+            let end = (first + w).min(total);
+            let n = (end - first) as usize;
+            {
+                let _window = inner.ranges.lock(first, end);
+                let mut entries = vec![MapEntry::UNMAPPED; n];
+                pager::with_map(inner, |st| st.map.get_range(first, &mut entries))?;
+                let data = &mut buf[..n * SECTOR_SIZE];
+                match read::read_sectors(inner, first, data) {
+                    Ok(()) => window(
+                        inner,
+                        &policy,
+                        &mut self.ix,
+                        first,
+                        &entries,
+                        data,
+                        &mut self.rep,
+                        &mut self.carry,
+                    )?,
+                    Err(e @ (EngineError::Corrupt { .. } | EngineError::Codec { .. })) => {
+                        tracing::warn!("dedup: window at LBA {first} left as it is: {e}");
+                        self.rep.corrupt_windows += 1;
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
+            }
+            self.at = end;
+            progress(end, total);
+            if end < total && stop() {
+                return Ok(false);
             }
         }
-        at = end;
-        progress(at, total);
+        self.at = total.max(self.at);
+        Ok(true)
     }
-    rep.orphans_zeroed = super::orphans::zero(inner)?;
-    rep.index_entries = ix.len() as u64;
-    rep.index_evicted = ix.evicted;
-    rep.index_bytes = ix.memory_bytes();
-    rep.index_sample = ix.sample();
-    Ok(rep)
+
+    /// The end of the pass: orphans zeroed, the index's figures.
+    pub(crate) fn finish(mut self, inner: &Inner) -> Result<DedupReport> {
+        self.rep.orphans_zeroed = super::orphans::zero(inner)?;
+        self.rep.index_entries = self.ix.len() as u64;
+        self.rep.index_evicted = self.ix.evicted;
+        self.rep.index_bytes = self.ix.memory_bytes();
+        self.rep.index_sample = self.ix.sample();
+        Ok(self.rep)
+    }
 }
 
 /// Where the content of client sector `lba` is looked for: `lba + delta`
