@@ -36,7 +36,7 @@ pub enum WalCommand {
         /// commit) or sparse (each commit starts a new 4 KiB sector).
         #[arg(long)]
         layout: String,
-        /// Record version: 2 (6- to 16-byte record headers), or 1 (40
+        /// Record version: 2 (6- to 13-byte record headers), or 1 (40
         /// bytes: the logs of releases before issue 37).
         #[arg(long, default_value = "2")]
         record_version: u32,

@@ -31,9 +31,8 @@
 //!   len), what logs created before issue 37 keep;
 //! - **v2**: version 2 as built (`record_v2`, what `Wal::create` writes):
 //!   flags, CRC seeded with the log id, seq and epoch, length, and for the
-//!   first record of a group the seq's low 16 bits and the epoch's low 8
-//!   (9 bytes for a 128-byte commit; the first record of an open also
-//!   stores the epoch);
+//!   first record of a group the seq's low 8 bits (7 bytes for a 128-byte
+//!   commit; the first record of an open also stores the epoch);
 //! - **v2min**: flags (1), CRC (4) over the log id, seq and epoch (implied)
 //!   and the rest, the payload length in as few bytes as it needs (the
 //!   proposal's floor: a probe for later groups could check nothing);

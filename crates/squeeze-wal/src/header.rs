@@ -19,7 +19,7 @@
 //! ```
 //!
 //! Version history: 1, records with 40-byte headers (`record`); 2 (issue
-//! 37), records with 6- to 16-byte headers (`record_v2`) and `start_epoch`
+//! 37), records with 6- to 13-byte headers (`record_v2`) and `start_epoch`
 //! in what was a reserved word. A log keeps the version it was created with.
 //!
 //! Invariant: the header is rewritten only as one whole non-zero sector

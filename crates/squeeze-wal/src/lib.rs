@@ -9,7 +9,7 @@
 //!   costs nothing on a compressing volume, and no byte is written twice.
 //!
 //! Modules, bottom up: `header` (sector 0), `record` (record version 1,
-//! 40-byte headers) and `record_v2` (version 2, 6 to 16 bytes: what the
+//! 40-byte headers) and `record_v2` (version 2, 6 to 13 bytes: what the
 //! chain knows is implied in the CRC), `reader` (windowed reads by log
 //! position), `recovery` (follow the chain to the end), `probe` (look for
 //! durable records beyond the end), `wal` (create/open, group commit,
@@ -85,7 +85,7 @@ pub enum RecordVersion {
     /// 40-byte headers that carry the log id, seq, group and epoch
     /// (`record`); logs created before version 2.
     V1,
-    /// 6 to 16 bytes: flags, CRC, length; the log id, seq and epoch
+    /// 6 to 13 bytes: flags, CRC, length; the log id, seq and epoch
     /// implied in the CRC (`record_v2`). What `Wal::create` makes.
     V2,
 }

@@ -10,7 +10,9 @@
 //!                 the group's); `seq8` follows `len`
 //!       bit 3     EPOCH: the first record an open writes; `epoch` follows
 //!                 (only with FIRST)
-//!       bits 4-7  zero
+//!       bits 4-6  zero
+//!       bit 7     one: zeros (a sparse sector's tail, a dense log past
+//!                 its end) are never a record
 //! 1   crc u32     CRC32C of the seed (log_id u64, seq u64, epoch u32, LE),
 //!                 then byte 0 and every byte from 5 to the payload's end
 //! 5   len         payload bytes, little-endian, 1 to 3 bytes
@@ -39,7 +41,9 @@
 //! ring) or of an older epoch (a torn group's leftover that a newer epoch's
 //! records have reached) has a different seed: its CRC fails as surely as
 //! version 1's field comparisons would have refused it, but for the chance
-//! of a CRC32C collision (2^-32 per record looked at). The group is implied
+//! of a CRC32C collision (2^-32 per record looked at; zeros, where the
+//! chain most often looks past its end, are refused by the flags' marker
+//! bit, as version 1's magic refused them). The group is implied
 //! by FIRST (a record not FIRST belongs to the group of the record before
 //! it). The probe for records of later groups (`probe.rs`), which does not
 //! know their seqs, reads FIRST records only: a group holds at most 255
@@ -52,7 +56,8 @@ use crate::record::PAYLOAD_MAX;
 pub const FLAG_LEN_BYTES: u8 = 0b11;
 pub const FLAG_FIRST: u8 = 1 << 2;
 pub const FLAG_EPOCH: u8 = 1 << 3;
-const FLAGS_KNOWN: u8 = FLAG_LEN_BYTES | FLAG_FIRST | FLAG_EPOCH;
+pub const FLAG_RECORD: u8 = 1 << 7;
+const FLAGS_KNOWN: u8 = FLAG_LEN_BYTES | FLAG_FIRST | FLAG_EPOCH | FLAG_RECORD;
 /// The shortest header: flags, CRC, a one-byte length.
 pub const HEADER_BYTES_MIN: usize = 6;
 /// The longest: a three-byte length, seq8, epoch.
@@ -130,6 +135,7 @@ impl RecordHeaderV2 {
     pub fn header_bytes_of(flags: u8) -> Option<usize> {
         let lb = usize::from(flags & FLAG_LEN_BYTES) + 1;
         let valid = flags & !FLAGS_KNOWN == 0
+            && flags & FLAG_RECORD != 0
             && lb <= 3
             && (flags & FLAG_EPOCH == 0 || flags & FLAG_FIRST != 0);
         valid.then(|| {
@@ -154,7 +160,7 @@ impl RecordHeaderV2 {
         assert!(self.first.is_none_or(|s| s == seq as u8));
         let start = out.len();
         let lb = len_bytes(self.len);
-        let mut flags = (lb - 1) as u8;
+        let mut flags = FLAG_RECORD | (lb - 1) as u8;
         if self.first.is_some() {
             flags |= FLAG_FIRST;
         }
@@ -282,14 +288,17 @@ mod tests {
     #[test]
     fn unknown_flags_and_long_lengths_are_not_records() {
         let b = enc(RecordHeaderV2::new(3, 5, 2, false, false), 5, 2, b"abc");
-        for f in [0x10u8, 0x80, 0b11, FLAG_EPOCH] {
+        for f in [0u8, 0x04, 0x94, 0x83, FLAG_RECORD | FLAG_EPOCH] {
             let mut bad = b.clone();
             bad[0] = f;
             assert_eq!(RecordHeaderV2::decode(&bad), None, "flags {f:#x}");
         }
         // A length of 3 in two bytes: not the shortest encoding.
-        let mut long = vec![1u8, 0, 0, 0, 0, 3, 0];
+        let mut long = vec![0x81u8, 0, 0, 0, 0, 3, 0];
         long.extend_from_slice(b"abc");
         assert_eq!(RecordHeaderV2::decode(&long), None);
+        // Zeros: no record, not even an empty one with a zero CRC.
+        assert_eq!(RecordHeaderV2::decode(&[0u8; 16]), None);
+        assert_eq!(RecordHeaderV2::header_bytes_of(0), None);
     }
 }

@@ -69,7 +69,7 @@ fn new_logs_are_version_2_and_round_trip() {
             let p = i.to_le_bytes().repeat(i as usize * 20 + 1);
             want.push((wal.append(&p).unwrap(), p));
         }
-        // Records of 6- to 16-byte headers, not 40.
+        // Records of 6- to 13-byte headers, not 40.
         let (_, next) = wal.bounds();
         if layout == Layout::Dense {
             let payload: u64 = want.iter().map(|(_, p)| p.len() as u64).sum();

@@ -97,7 +97,7 @@ fn a_version_1_log_of_the_kept_writer_round_trips_with_threads_and_truncation() 
         let (_d, vol) = sim_volume(64 << 10); // 15 sectors: the ring wraps
         let wal = Arc::new(Wal::create_with(vol.clone(), layout, RecordVersion::V1).unwrap());
         let mut all: Vec<Lsn> = Vec::new();
-        for round in 0..30u8 {
+        for round in 0..80u8 {
             let lsns: Vec<Lsn> = std::thread::scope(|s| {
                 let hs: Vec<_> = (0..4u8)
                     .map(|t| {
