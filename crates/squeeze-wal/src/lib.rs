@@ -11,9 +11,9 @@
 //! Modules, bottom up: `header` (sector 0), `record` (record version 1,
 //! 40-byte headers) and `record_v2` (version 2, 6 to 13 bytes: what the
 //! chain knows is implied in the CRC), `reader` (windowed reads by log
-//! position), `recovery` (follow the chain to the end), `probe` (look for
-//! durable records beyond the end), `wal` (create/open, group commit,
-//! truncation).
+//! position), `probe` (look for durable records beyond the end),
+//! `recovery` (follow the chain to the end, then probe), `wal`
+//! (create/open, group commit, truncation).
 //!
 //! Versions: the log header says which record version a log uses. New logs
 //! use version 2; a log created with version 1 keeps it for its whole life
@@ -114,6 +114,18 @@ impl RecordVersion {
             RecordVersion::V2 => record_v2::HEADER_BYTES_MIN as u64,
         }
     }
+}
+
+/// Where the log ends (recovery's answer; the probe starts there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct End {
+    /// Position after the last record.
+    pub pos: u64,
+    /// Seq the next record gets.
+    pub seq: u64,
+    /// Epoch of the last record (if none: v1 0, v2 the header's
+    /// `start_epoch`).
+    pub epoch: u32,
 }
 
 /// A record's place in the log: its sequence number and log position.

@@ -43,8 +43,7 @@ use crate::header::Header;
 use crate::reader::{Reader, WINDOW_BYTES};
 use crate::record::{self, RecordHeader, RECORD_HEADER_BYTES, RECORD_MAGIC};
 use crate::record_v2::{self, RecordHeaderV2, FLAG_FIRST, HEADER_BYTES_MAX, HEADER_BYTES_MIN};
-use crate::recovery::End;
-use crate::{Layout, RecordVersion};
+use crate::{End, Layout, RecordVersion};
 use squeeze_engine::Volume;
 use squeeze_format::SECTOR_SIZE;
 

@@ -37,17 +37,7 @@ use squeeze_format::SECTOR_SIZE;
 
 const SECTOR: u64 = SECTOR_SIZE as u64;
 
-/// Where the log ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct End {
-    /// Position after the last record.
-    pub pos: u64,
-    /// Seq the next record gets.
-    pub seq: u64,
-    /// Epoch of the last record (if none: v1 0, v2 the header's
-    /// `start_epoch`).
-    pub epoch: u32,
-}
+pub use crate::End;
 
 /// A record the chain took: what its header stores or implies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
