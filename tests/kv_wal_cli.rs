@@ -79,6 +79,42 @@ fn wal_commands_append_dump_truncate() {
 }
 
 #[test]
+fn wal_create_makes_either_record_version() {
+    let d = tempfile::tempdir().unwrap();
+    let v = volume(d.path(), "wal1.sqz");
+    let (bad, _, err) = sq(&[
+        "wal",
+        "create",
+        &v,
+        "--layout",
+        "dense",
+        "--record-version",
+        "3",
+    ]);
+    assert!(!bad && err.contains("no record version 3"), "{err}");
+    // A version 1 log (the 40-byte record headers of earlier releases).
+    ok(&[
+        "wal",
+        "create",
+        &v,
+        "--layout",
+        "dense",
+        "--record-version",
+        "1",
+    ]);
+    let out = ok(&["wal", "append", &v, "first", "second"]);
+    assert_eq!(out, "seq 0 at 0\nseq 1 at 45\n");
+    // Version 2 (the default): 11 bytes of header for the open's first
+    // record (the epoch stored), 7 for the next.
+    let v = volume(d.path(), "wal2.sqz");
+    ok(&["wal", "create", &v, "--layout", "dense"]);
+    let out = ok(&["wal", "append", &v, "first", "second"]);
+    assert_eq!(out, "seq 0 at 0\nseq 1 at 16\n");
+    let out = ok(&["wal", "dump", &v]);
+    assert!(out.contains("first") && out.contains("second"), "{out}");
+}
+
+#[test]
 fn benches_report_json() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().to_str().unwrap();

@@ -1,18 +1,21 @@
 //! `squeeze wal ...`: a write-ahead log (crate squeeze-wal) on a volume.
 //!
-//! - `create VOLUME --layout dense|sparse`: a log on an empty volume
+//! - `create VOLUME --layout dense|sparse [--record-version 2|1]`: a log on
+//!   an empty volume (record version 2 unless told; 1 makes the logs of
+//!   earlier releases)
 //! - `append VOLUME RECORD...`: each argument one record, one commit each
 //! - `dump VOLUME`: every live record (seq, position, length, bytes)
 //! - `truncate VOLUME --seq N`: drop the records before seq N (trimmed)
 //! - `bench`: bytes squeeze writes to its backing file per commit and
 //!   commit latency, dense against sparse, at several record sizes and
-//!   numbers of committing threads, on fresh volumes in `--dir`.
+//!   numbers of committing threads, on fresh volumes in `--dir`
+//!   (`--record-version 1` measures the 40-byte record headers of before)
 
 use crate::util::{bench_dir, human, open_volume, parse_size};
 use anyhow::{bail, Context, Result};
 use rand::Rng;
 use squeeze_engine::{CreateOptions, FileStorage, OpenOptions, Volume};
-use squeeze_wal::{Layout, Lsn, Wal};
+use squeeze_wal::{Layout, Lsn, RecordVersion, Wal};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -33,6 +36,10 @@ pub enum WalCommand {
         /// commit) or sparse (each commit starts a new 4 KiB sector).
         #[arg(long)]
         layout: String,
+        /// Record version: 2 (6- to 13-byte record headers), or 1 (40
+        /// bytes: the logs of releases before issue 37).
+        #[arg(long, default_value = "2")]
+        record_version: u32,
     },
     /// Append records (one commit each; durable when the command returns).
     Append {
@@ -75,6 +82,10 @@ pub struct BenchArgs {
     /// Logical size of each volume.
     #[arg(long, default_value = "64G", value_parser = parse_size)]
     pub volume_size: u64,
+    /// Record version of the logs measured: 2, or 1 (the 40-byte record
+    /// headers of earlier releases).
+    #[arg(long, default_value = "2")]
+    pub record_version: u32,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -105,10 +116,15 @@ fn close(vol: Arc<Volume>, wal: Wal) -> Result<()> {
 
 pub fn run(a: Args) -> Result<ExitCode> {
     match a.command {
-        WalCommand::Create { volume, layout } => {
+        WalCommand::Create {
+            volume,
+            layout,
+            record_version,
+        } => {
             let layout = layout_arg(&layout)?;
+            let version = version_arg(record_version)?;
             let vol = Arc::new(open_volume(&volume, false)?);
-            let wal = Wal::create(vol.clone(), layout)
+            let wal = Wal::create_with(vol.clone(), layout, version)
                 .with_context(|| format!("cannot create a log on {}", volume.display()))?;
             close(vol, wal)?;
             outln!("created a {} log on {}", layout.name(), volume.display());
@@ -209,9 +225,15 @@ fn payload(r: &mut impl Rng, len: usize) -> Vec<u8> {
     p
 }
 
+/// The record version a `--record-version` names.
+fn version_arg(v: u32) -> Result<RecordVersion> {
+    RecordVersion::from_code(v).with_context(|| format!("no record version {v} (1 or 2)"))
+}
+
 fn run_one(
     dir: &std::path::Path,
     size: u64,
+    version: RecordVersion,
     layout: Layout,
     record: usize,
     threads: u64,
@@ -227,7 +249,7 @@ fn run_one(
             ..Default::default()
         },
     )?);
-    let wal = Arc::new(Wal::create(vol.clone(), layout)?);
+    let wal = Arc::new(Wal::create_with(vol.clone(), layout, version)?);
     // Warm up (the first segment's allocation, the page cache).
     let mut r = rand::thread_rng();
     for _ in 0..50 {
@@ -304,6 +326,7 @@ fn bench(b: BenchArgs) -> Result<()> {
             squeeze_wal::PAYLOAD_MAX
         );
     }
+    let version = version_arg(b.record_version)?;
     bench_dir(&b.dir)?;
     let tmp = tempfile::Builder::new()
         .prefix(".squeeze-wal-bench-")
@@ -330,7 +353,15 @@ fn bench(b: BenchArgs) -> Result<()> {
     for &t in &threads {
         for &s in &sizes {
             for layout in [Layout::Dense, Layout::Sparse] {
-                let row = run_one(tmp.path(), b.volume_size, layout, s as usize, t, b.commits)?;
+                let row = run_one(
+                    tmp.path(),
+                    b.volume_size,
+                    version,
+                    layout,
+                    s as usize,
+                    t,
+                    b.commits,
+                )?;
                 if !b.json {
                     outln!(
                         "{:<7} {:>6} {:>7} {:>7} {:>7} {:>11.1} {:>10.1} {:>10.1} {:>9.0} {:>9.0} {:>9.0} {:>9.0}",

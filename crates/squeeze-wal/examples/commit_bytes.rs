@@ -27,14 +27,21 @@
 //! Where a sector does not compress to one such block, today's record.
 //! squeeze-wal's record header, priced as it goes through zstd:
 //!
-//! - **v1**: today's 40 bytes (magic, CRC, log id, seq, group, epoch, len);
+//! - **v1**: version 1's 40 bytes (magic, CRC, log id, seq, group, epoch,
+//!   len), what logs created before issue 37 keep;
+//! - **v2**: version 2 as built (`record_v2`, what `Wal::create` writes):
+//!   flags, CRC seeded with the log id, seq and epoch, length, and for the
+//!   first record of a group the seq's low 8 bits (7 bytes for a 128-byte
+//!   commit; the first record of an open also stores the epoch);
 //! - **v2min**: flags (1), CRC (4) over the log id, seq and epoch (implied)
-//!   and the rest, the payload length in as few bytes as it needs;
-//! - **v2seq**: v2min with the epoch's low byte and the seq's low 32 bits,
-//!   so a probe for records of later groups can still check one.
+//!   and the rest, the payload length in as few bytes as it needs (the
+//!   proposal's floor: a probe for later groups could check nothing);
+//! - **v2seq**: v2min with the epoch's low byte and the seq's low 32 bits
+//!   (the proposal that stores more than was built).
 
 use rand::Rng;
 use squeeze_wal::record::RecordHeader;
+use squeeze_wal::record_v2::RecordHeaderV2;
 use zstd::zstd_safe::{self, CParameter};
 
 const SECTOR: usize = 4096;
@@ -56,6 +63,7 @@ fn payload(r: &mut impl Rng, len: usize) -> Vec<u8> {
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Wal {
     V1,
+    V2,
     V2Min,
     V2Seq,
 }
@@ -78,6 +86,11 @@ fn encode_record(w: Wal, log_id: u64, seq: u64, p: &[u8], out: &mut Vec<u8>) {
             len: p.len() as u32,
         }
         .encode_into(p, out);
+    }
+    if w == Wal::V2 {
+        // One record a group (1 thread); the first of the run stores the epoch.
+        return RecordHeaderV2::new(p.len() as u32, seq, 2, true, seq == 0)
+            .encode_into(log_id, seq, 2, p, out);
     }
     let len = (p.len() as u32).to_le_bytes();
     let len_bytes = (4 - (p.len() as u32).leading_zeros() as usize / 8).max(1);
@@ -213,11 +226,12 @@ fn replay(dense: bool, w: Wal, size: usize, commits: u64, r: &mut impl Rng) -> (
     (bytes.map(|b| b as f64 / n), frames as f64 / writes as f64)
 }
 
-/// One sparse commit of 128 bytes today, field by field.
-fn breakdown(r: &mut impl Rng) {
+/// One sparse commit of 128 bytes in record version `w`, field by field.
+fn breakdown(w: Wal, r: &mut impl Rng) {
     let p = payload(r, 128);
     let mut rec = Vec::new();
-    encode_record(Wal::V1, r.gen::<u64>() | 1, 1000, &p, &mut rec);
+    encode_record(w, r.gen::<u64>() | 1, 1000, &p, &mut rec);
+    let header = rec.len() - p.len();
     let mut sector = rec.clone();
     sector.resize(SECTOR, 0);
     let f = zstd3(&sector, true);
@@ -229,14 +243,17 @@ fn breakdown(r: &mut impl Rng) {
     let lits = (usize::from(f[block + 3]) >> 4) | (usize::from(f[block + 4]) << 4);
     let seqs = f.len() - block - 3 - lit_header - lits;
     let rec_bytes = today(&sector).0;
-    println!("one sparse commit of 128 B today: {rec_bytes} record bytes");
+    println!(
+        "one sparse commit of 128 B, squeeze-wal {}: {rec_bytes} record bytes (engine format 5's)",
+        format!("{w:?}").to_lowercase()
+    );
     println!("  engine short header            {SHORT_HEADER:>3}");
     println!("  zstd magic                       4");
     println!("  zstd frame header              {frame_header:>3}  (content size {fcs} B)");
     println!("  zstd block header                3");
     println!("  zstd literals header           {lit_header:>3}");
     println!(
-        "  literals                       {lits:>3}  (64 random payload bytes, {} of squeeze-wal's 40-byte header)",
+        "  literals                       {lits:>3}  (64 random payload bytes, {} of squeeze-wal's {header}-byte header)",
         lits - 64
     );
     println!("  sequences                      {seqs:>3}  (the payload's repeat, the header's, the zeros)");
@@ -250,6 +267,10 @@ fn breakdown(r: &mut impl Rng) {
         body.len(),
         f.len() - body.len()
     );
+    println!(
+        "  engine format 6 (block payload): {} record bytes",
+        align16(SHORT_HEADER + body.len())
+    );
     println!();
 }
 
@@ -258,7 +279,8 @@ fn main() {
         .nth(1)
         .map_or(4000, |s| s.parse().expect("COMMITS"));
     let mut r = rand::thread_rng();
-    breakdown(&mut r);
+    breakdown(Wal::V1, &mut r);
+    breakdown(Wal::V2, &mut r);
     println!(
         "backing bytes per commit, 1 thread, {commits} commits (dense / sparse: sparse's fewer bytes)"
     );
@@ -267,7 +289,7 @@ fn main() {
         "bytes", "wal", "engine today", "block", "tiny20", "tiny16"
     );
     for size in [128usize, 256, 512, 1024, 2048] {
-        for w in [Wal::V1, Wal::V2Min, Wal::V2Seq] {
+        for w in [Wal::V1, Wal::V2, Wal::V2Min, Wal::V2Seq] {
             let (d, _) = replay(true, w, size, commits, &mut r);
             let (s, _) = replay(false, w, size, commits, &mut r);
             let cells: Vec<String> = (0..4)

@@ -8,9 +8,16 @@
 //!   the group's last sector stays zero. The logical space this wastes
 //!   costs nothing on a compressing volume, and no byte is written twice.
 //!
-//! Modules, bottom up: `header` (sector 0), `record` (the record format),
-//! `reader` (windowed reads by log position), `recovery` (find the end),
-//! `wal` (create/open, group commit, truncation).
+//! Modules, bottom up: `header` (sector 0), `record` (record version 1,
+//! 40-byte headers) and `record_v2` (version 2, 6 to 13 bytes: what the
+//! chain knows is implied in the CRC), `reader` (windowed reads by log
+//! position), `probe` (look for durable records beyond the end),
+//! `recovery` (follow the chain to the end, then probe), `wal`
+//! (create/open, group commit, truncation).
+//!
+//! Versions: the log header says which record version a log uses. New logs
+//! use version 2; a log created with version 1 keeps it for its whole life
+//! (it opens, recovers and appends version 1 records; nothing converts it).
 //!
 //! Invariants: a commit is acknowledged only after a flush that started
 //! after its write; one group is written and flushed before the next is
@@ -20,8 +27,10 @@
 
 pub mod error;
 pub mod header;
+pub mod probe;
 pub mod reader;
 pub mod record;
+pub mod record_v2;
 pub mod recovery;
 pub mod wal;
 
@@ -68,6 +77,55 @@ impl Layout {
             _ => None,
         }
     }
+}
+
+/// The record format of a log, fixed at its creation (the header's version).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordVersion {
+    /// 40-byte headers that carry the log id, seq, group and epoch
+    /// (`record`); logs created before version 2.
+    V1,
+    /// 6 to 13 bytes: flags, CRC, length; the log id, seq and epoch
+    /// implied in the CRC (`record_v2`). What `Wal::create` makes.
+    V2,
+}
+
+impl RecordVersion {
+    /// The version number in the log header.
+    pub fn code(self) -> u32 {
+        match self {
+            RecordVersion::V1 => 1,
+            RecordVersion::V2 => 2,
+        }
+    }
+
+    pub fn from_code(c: u32) -> Option<RecordVersion> {
+        match c {
+            1 => Some(RecordVersion::V1),
+            2 => Some(RecordVersion::V2),
+            _ => None,
+        }
+    }
+
+    /// The fewest bytes a record of this version takes (an empty payload).
+    pub fn record_bytes_min(self) -> u64 {
+        match self {
+            RecordVersion::V1 => record::RECORD_HEADER_BYTES as u64,
+            RecordVersion::V2 => record_v2::HEADER_BYTES_MIN as u64,
+        }
+    }
+}
+
+/// Where the log ends (recovery's answer; the probe starts there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct End {
+    /// Position after the last record.
+    pub pos: u64,
+    /// Seq the next record gets.
+    pub seq: u64,
+    /// Epoch of the last record (if none: v1 0, v2 the header's
+    /// `start_epoch`).
+    pub epoch: u32,
 }
 
 /// A record's place in the log: its sequence number and log position.

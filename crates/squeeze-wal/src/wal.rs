@@ -2,9 +2,9 @@
 //!
 //! Group commit: `append` queues its record and waits. Whoever finds no
 //! group in progress becomes the leader: it takes the queued records (up
-//! to `GROUP_BYTES_MAX`), gives them seqs and positions, writes them with
-//! one volume write per contiguous run (two if the group wraps), flushes
-//! once, and wakes everyone. Records queued meanwhile form the next group.
+//! to `GROUP_BYTES_MAX` and `GROUP_RECORDS_MAX`), gives them seqs and
+//! positions, writes them with one volume write per contiguous run (two if
+//! the group wraps), flushes once, and wakes everyone. Records queued meanwhile form the next group.
 //!
 //! Invariants:
 //! - a group is written and flushed before the next one is written, so
@@ -17,13 +17,18 @@
 //! - after a failed write or flush the log refuses everything until it is
 //!   reopened (it cannot know what reached the medium), except a group
 //!   whose single write the volume refused for space (nothing was
-//!   written): its records fail with the volume's ENOSPC and the log goes on.
+//!   written): its records fail with the volume's ENOSPC and the log goes on;
+//! - v2: the first record an open writes stores the epoch, and every record
+//!   after it in that open implies it (`record_v2`); `epochs` knows the
+//!   epoch of every live record, so a truncation can name the new start's.
 
 use crate::error::{Result, WalError};
 use crate::header::Header;
 use crate::record::{RecordHeader, PAYLOAD_MAX, RECORD_HEADER_BYTES};
+pub use crate::record_v2::GROUP_RECORDS_MAX;
+use crate::record_v2::{self, RecordHeaderV2};
 use crate::recovery::{self, End};
-use crate::{Layout, Lsn};
+use crate::{Layout, Lsn, RecordVersion};
 use parking_lot::{Condvar, Mutex};
 use squeeze_engine::{EngineError, Volume};
 use squeeze_format::SECTOR_SIZE;
@@ -36,6 +41,8 @@ pub const GROUP_BYTES_MAX: usize = 1 << 20;
 /// Most record bytes waiting for a group.
 pub const QUEUE_BYTES_MAX: usize = 8 << 20;
 const _: () = assert!(PAYLOAD_MAX + RECORD_HEADER_BYTES <= QUEUE_BYTES_MAX);
+/// Queued and grouped records are counted with v1's header, the longest.
+const _: () = assert!(record_v2::HEADER_BYTES_MAX <= RECORD_HEADER_BYTES);
 
 /// Counters of one open log.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,6 +85,10 @@ struct State {
     tail_image: Vec<u8>,
     /// The header's start (the first live record).
     head: Lsn,
+    /// (seq, epoch): the live records from seq on, up to the next entry's,
+    /// are of that epoch. Never empty; the last entry is the epoch of the
+    /// last record written (or, before any, the header's start epoch).
+    epochs: Vec<(u64, u32)>,
     failed: Option<String>,
     stats: WalStats,
 }
@@ -96,8 +107,15 @@ pub struct Wal {
 }
 
 impl Wal {
-    /// Creates a log on `vol`, which must be empty (no mapped sector).
+    /// Creates a log on `vol`, which must be empty (no mapped sector), with
+    /// version 2 records.
     pub fn create(vol: Arc<Volume>, layout: Layout) -> Result<Wal> {
+        Wal::create_with(vol, layout, RecordVersion::V2)
+    }
+
+    /// Creates a log with the record version `version`: V1 only to make the
+    /// logs of earlier releases (tests, and a before/after benchmark).
+    pub fn create_with(vol: Arc<Volume>, layout: Layout, version: RecordVersion) -> Result<Wal> {
         let size = vol.size();
         if size < 2 * SECTOR {
             return Err(WalError::Invalid(format!(
@@ -111,6 +129,7 @@ impl Wal {
             ));
         }
         let h = Header {
+            version,
             layout,
             log_id: rand::random::<u64>() | 1,
             epoch: 1,
@@ -118,6 +137,7 @@ impl Wal {
             area_bytes: (size / SECTOR - 1) * SECTOR,
             start_pos: 0,
             start_seq: 0,
+            start_epoch: 0,
         };
         vol.write(0, &h.encode(), true)?;
         Ok(Wal::with(
@@ -129,6 +149,7 @@ impl Wal {
                 epoch: 0,
             },
             Vec::new(),
+            vec![(0, 0)],
         ))
     }
 
@@ -157,7 +178,14 @@ impl Wal {
                 vol.size()
             )));
         }
-        let end = recovery::scan(&vol, &h, each)?;
+        let mut each = each;
+        let mut epochs = vec![(h.start_seq, h.start_epoch)];
+        let end = recovery::scan(&vol, &h, |lsn, epoch, p| {
+            if epochs.last().expect("never empty").1 != epoch {
+                epochs.push((lsn.seq, epoch));
+            }
+            each(lsn, p)
+        })?;
         let mut image = Vec::new();
         if h.layout == Layout::Dense && !end.pos.is_multiple_of(SECTOR) {
             let start = end.pos / SECTOR * SECTOR;
@@ -169,10 +197,16 @@ impl Wal {
             .checked_add(1)
             .ok_or_else(|| WalError::Corrupt("epoch overflow".into()))?;
         vol.write(0, &h.encode(), true)?;
-        Ok(Wal::with(vol, h, end, image))
+        Ok(Wal::with(vol, h, end, image, epochs))
     }
 
-    fn with(vol: Arc<Volume>, h: Header, end: End, tail_image: Vec<u8>) -> Wal {
+    fn with(
+        vol: Arc<Volume>,
+        h: Header,
+        end: End,
+        tail_image: Vec<u8>,
+        epochs: Vec<(u64, u32)>,
+    ) -> Wal {
         Wal {
             vol,
             state: Mutex::new(State {
@@ -188,6 +222,7 @@ impl Wal {
                     seq: h.start_seq,
                     pos: h.start_pos,
                 },
+                epochs,
                 failed: None,
                 stats: WalStats::default(),
             }),
@@ -199,6 +234,11 @@ impl Wal {
 
     pub fn layout(&self) -> Layout {
         self.fixed.layout
+    }
+
+    /// The log's record version (its header's).
+    pub fn version(&self) -> RecordVersion {
+        self.fixed.version
     }
 
     pub fn volume(&self) -> &Arc<Volume> {
@@ -270,7 +310,9 @@ impl Wal {
         let mut bytes = 0;
         while let Some(q) = st.queue.front() {
             let n = RECORD_HEADER_BYTES + q.payload.len();
-            if !group.is_empty() && bytes + n > GROUP_BYTES_MAX {
+            if !group.is_empty()
+                && (bytes + n > GROUP_BYTES_MAX || group.len() == GROUP_RECORDS_MAX)
+            {
                 break;
             }
             bytes += n;
@@ -288,6 +330,11 @@ impl Wal {
         let written = parking_lot::MutexGuard::unlocked(st, || self.write_runs(&h, &plan));
         match written {
             Ok(()) => {
+                if let Some((_, first)) = plan.placed.first() {
+                    if st.epochs.last().expect("never empty").1 != h.epoch {
+                        st.epochs.push((first.seq, h.epoch));
+                    }
+                }
                 st.next_seq += plan.placed.len() as u64;
                 st.tail = plan.tail;
                 st.tail_image = plan.tail_image;
@@ -362,15 +409,27 @@ impl Wal {
                 lsn.seq, head.seq, next.seq
             )));
         }
+        // The epoch of the record at `lsn`: of the next record if it is the
+        // tail (which this open writes).
+        let epoch = if lsn == next {
+            self.fixed.epoch
+        } else {
+            self.epoch_of(lsn.seq)
+        };
+        let start_epoch = match h.version {
+            RecordVersion::V1 => 0,
+            RecordVersion::V2 => epoch,
+        };
         if lsn != next {
             let mut ok = false;
             let probe = Header {
                 start_pos: lsn.pos,
                 start_seq: lsn.seq,
+                start_epoch,
                 ..*h
             };
             if lsn.pos >= head.pos && lsn.pos < next.pos {
-                ok = recovery::record_is_at(&self.vol, &probe, lsn)?;
+                ok = recovery::record_is_at(&self.vol, &probe, lsn, epoch)?;
             }
             if !ok {
                 return Err(WalError::Invalid(format!(
@@ -382,11 +441,18 @@ impl Wal {
         let new = Header {
             start_pos: lsn.pos,
             start_seq: lsn.seq,
+            start_epoch,
             ..*h
         };
         self.vol.write(0, &new.encode(), true)?;
         *h = new;
-        self.state.lock().head = lsn;
+        {
+            let mut st = self.state.lock();
+            st.head = lsn;
+            // Keep the entry that covers the new start, and the ones after.
+            let keep = st.epochs.partition_point(|&(s, _)| s <= lsn.seq).max(1) - 1;
+            st.epochs.drain(..keep);
+        }
         // Whole sectors before the new start's sector: nothing live is in them.
         let from = head.pos / SECTOR * SECTOR;
         let to = lsn.pos / SECTOR * SECTOR;
@@ -400,12 +466,19 @@ impl Wal {
         Ok(to.saturating_sub(from))
     }
 
+    /// The epoch of committed record `seq` (live).
+    fn epoch_of(&self, seq: u64) -> u32 {
+        let st = self.state.lock();
+        let i = st.epochs.partition_point(|&(s, _)| s <= seq);
+        st.epochs[i.max(1) - 1].1
+    }
+
     /// Calls `each` for every live record, in order (a consumer's read).
     pub fn read_all(&self, each: impl FnMut(Lsn, &[u8])) -> Result<()> {
         let h = self.header.lock();
         let (_, next) = self.bounds();
         let mut each = each;
-        recovery::scan(&self.vol, &h, |lsn, p| {
+        recovery::scan(&self.vol, &h, |lsn, _, p| {
             if lsn.seq < next.seq {
                 each(lsn, p)
             }
@@ -446,6 +519,8 @@ fn plan_group(h: &Header, st: &State, group: &[Queued]) -> Plan {
     let mut refused = Vec::new();
     let mut record_bytes = 0;
     let mut seq = st.next_seq;
+    // v2: the first record this open writes stores the epoch.
+    let mut store_epoch = st.epochs.last().expect("never empty").1 != h.epoch;
     for q in group {
         if !refused.is_empty() {
             refused.push((
@@ -454,7 +529,12 @@ fn plan_group(h: &Header, st: &State, group: &[Queued]) -> Plan {
             ));
             continue;
         }
-        let n = (RECORD_HEADER_BYTES + q.payload.len()) as u64;
+        let len = q.payload.len() as u32;
+        let v2 = RecordHeaderV2::new(len, seq, h.epoch, seq == st.next_seq, store_epoch);
+        let n = match h.version {
+            RecordVersion::V1 => (RECORD_HEADER_BYTES + q.payload.len()) as u64,
+            RecordVersion::V2 => v2.record_bytes(),
+        };
         let mut at = pos;
         if at % h.area_bytes + n > h.area_bytes {
             at = at.next_multiple_of(h.area_bytes);
@@ -484,14 +564,18 @@ fn plan_group(h: &Header, st: &State, group: &[Queued]) -> Plan {
             cur = Some((start % h.area_bytes, buf));
         }
         let buf = &mut cur.as_mut().expect("a run").1;
-        RecordHeader {
-            log_id: h.log_id,
-            seq,
-            group: st.next_seq,
-            epoch: h.epoch,
-            len: q.payload.len() as u32,
+        match h.version {
+            RecordVersion::V1 => RecordHeader {
+                log_id: h.log_id,
+                seq,
+                group: st.next_seq,
+                epoch: h.epoch,
+                len,
+            }
+            .encode_into(&q.payload, buf),
+            RecordVersion::V2 => v2.encode_into(h.log_id, seq, h.epoch, &q.payload, buf),
         }
-        .encode_into(&q.payload, buf);
+        store_epoch = false;
         placed.push((q.ticket, Lsn { seq, pos: at }));
         seq += 1;
         record_bytes += n;

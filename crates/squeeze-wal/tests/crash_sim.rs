@@ -8,6 +8,9 @@
 //! nothing else but records whose appends were in flight. A small volume
 //! makes the log wrap around its area many times.
 //!
+//! Logs of record version 2 (what `Wal::create` makes), and of version 1
+//! (the logs of earlier releases) on a quarter of the seeds.
+//!
 //! SQUEEZE_WAL_SIM_SEEDS=N runs N seeds per layout (default 100);
 //! SQUEEZE_WAL_SIM_SEED=S replays one. (Variables of their own: the
 //! SQUEEZE_SIM_SEEDS=2000 of scripts/test.sh sizes the engine's simulators.)
@@ -16,7 +19,7 @@ mod common;
 use common::*;
 use rand::Rng;
 use squeeze_engine::{SimFaults, SimStorage};
-use squeeze_wal::{Layout, Lsn, Wal, WalError};
+use squeeze_wal::{Layout, Lsn, RecordVersion, Wal, WalError};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -107,7 +110,7 @@ struct Seen {
     multi_record_groups: u64,
 }
 
-fn run_seed(layout: Layout, seed: u64, seen: &mut Seen) {
+fn run_seed(layout: Layout, version: RecordVersion, seed: u64, seen: &mut Seen) {
     let mut r = rng(seed);
     // Small volumes, so the log fills its area and wraps around it.
     let size: u64 = match layout {
@@ -115,7 +118,7 @@ fn run_seed(layout: Layout, seed: u64, seen: &mut Seen) {
         Layout::Sparse => 1 << 20,
     };
     let (mut disk, vol) = sim_volume(size);
-    let mut wal = Wal::create(vol, layout).unwrap();
+    let mut wal = Wal::create_with(vol, layout, version).unwrap();
     let mut m = Model {
         log: Vec::new(),
         head_seq: 0,
@@ -267,19 +270,22 @@ fn seeds() -> Vec<u64> {
     (0..n).collect()
 }
 
-fn run(layout: Layout) {
+fn run(layout: Layout, version: RecordVersion) {
     let mut seen = Seen::default();
-    let seeds = seeds();
+    let mut seeds = seeds();
+    if version == RecordVersion::V1 && seeds.len() > 1 {
+        seeds.truncate(seeds.len().div_ceil(4));
+    }
     for &seed in &seeds {
         let mut s = Seen::default();
-        run_seed(layout, seed, &mut s);
+        run_seed(layout, version, seed, &mut s);
         seen.crashes += s.crashes;
         seen.full += s.full;
         seen.laps += s.laps;
         seen.multi_record_groups += s.multi_record_groups;
     }
     println!(
-        "{layout:?}: {} seeds, {} crashes, {} appends refused as full, {} laps of the area, \
+        "{layout:?} {version:?}: {} seeds, {} crashes, {} appends refused as full, {} laps of the area, \
          {} bursts with groups of several records",
         seeds.len(),
         seen.crashes,
@@ -297,10 +303,20 @@ fn run(layout: Layout) {
 
 #[test]
 fn dense_log_survives_power_cuts() {
-    run(Layout::Dense);
+    run(Layout::Dense, RecordVersion::V2);
 }
 
 #[test]
 fn sparse_log_survives_power_cuts() {
-    run(Layout::Sparse);
+    run(Layout::Sparse, RecordVersion::V2);
+}
+
+#[test]
+fn dense_version_1_log_survives_power_cuts() {
+    run(Layout::Dense, RecordVersion::V1);
+}
+
+#[test]
+fn sparse_version_1_log_survives_power_cuts() {
+    run(Layout::Sparse, RecordVersion::V1);
 }
