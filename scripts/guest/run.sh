@@ -80,6 +80,10 @@ trap 'exit 130' INT TERM
 mkdir "$IN/d"
 ln -s "$(realpath "$BINARY")" "$IN/d/squeeze"
 ln -s "$(realpath "$TEST")" "$IN/d/test"
+# What the tests share (tests/guest/lib/), beside the test as in the tree.
+if [[ -d $(dirname "$TEST")/lib ]]; then
+  ln -s "$(realpath "$(dirname "$TEST")/lib")" "$IN/d/lib"
+fi
 basename "$TEST" >"$IN/d/test.name"
 env | grep -E '^SQUEEZE_TEST_[A-Za-z0-9_]*=' | sed "s/'/'\\\\''/g; s/=/='/; s/\$/'/" >"$IN/d/env" || true
 tar -chf "$IN/in.tar" -C "$IN/d" .

@@ -43,32 +43,8 @@ SERVER_PID=
 ATTACH_PID=
 WRITER_PID=
 exec 3>&1 # say writes here, also from under a redirected command
-say() { echo "[$(($(date +%s) - T0)) s] $*" >&3; }
-pass() {
-  passed=$((passed + 1))
-  echo "PASS: $*"
-}
-fail() {
-  failed=$((failed + 1))
-  echo "FAIL: $*"
-}
-check() {
-  local name=$1
-  shift
-  if "$@"; then pass "$name"; else fail "$name"; fi
-}
-# counter KEY: a number from the server's squeeze stats --json (first match).
-counter() {
-  "$BIN" stats --json "$CTL" 2>/dev/null | sed -n "s/^ *\"$1\": \([0-9.]*\),\{0,1\}$/\1/p" | head -n1
-}
-timed() {
-  local name=$1 t rc=0
-  t=$(date +%s)
-  shift
-  "$@" || rc=$?
-  say "$name: $(($(date +%s) - t)) s (status $rc)"
-  return "$rc"
-}
+# shellcheck source=tests/guest/lib/common.sh
+. "$(dirname "$0")/lib/common.sh"
 # serve LOG: start the server on the volume and socket; wait for its control socket.
 serve() {
   rm -f "$SOCK" "$CTL"
@@ -166,21 +142,6 @@ mountpoint -q "$MNT" || finish
 mkdir -p "$MNT/crash" "$W/src"
 : >"$W/fsynced"
 : >"$W/writer.err"
-# The writer makes files of 64-512 KiB, each written and fsynced (dd
-# conv=fsync), and lists a file in $W/fsynced only after its fsync returned.
-writer() {
-  local i=0 n
-  while [[ ! -e $W/stop ]]; do
-    i=$((i + 1))
-    n=$((1 + RANDOM % 8))
-    head -c $((n * 64 * 1024)) /dev/urandom >"$W/src/f$i"
-    if dd if="$W/src/f$i" of="$MNT/crash/f$i" bs=64k conv=fsync status=none 2>>"$W/writer.err"; then
-      echo "f$i" >>"$W/fsynced"
-    else
-      echo "f$i: dd failed" >>"$W/writer.err"
-    fi
-  done
-}
 writer &
 WRITER_PID=$!
 restart_ok=0
@@ -238,16 +199,6 @@ timed "e2fsck -fn" e2fsck -fn "$DEV" >"$OUT/e2fsck.txt" 2>&1
 check "e2fsck -fn $DEV is clean after the kills" test $? -eq 0
 tail -n 3 "$OUT/e2fsck.txt" | sed 's/^/  e2fsck: /'
 check "mount $DEV $MNT again (read-only)" mount -o ro "$DEV" "$MNT"
-intact() {
-  local f bad=0
-  while read -r f; do
-    cmp -s "$W/src/$f" "$MNT/crash/$f" || {
-      echo "  $f differs"
-      bad=$((bad + 1))
-    }
-  done <"$W/fsynced"
-  ((bad == 0))
-}
 check "every one of the $nfiles files fsynced reads back intact" intact
 umount "$MNT"
 base=$((1 * GiB))
@@ -256,7 +207,6 @@ dd if="$W/random" of="$DEV" bs=1M seek=$((base / MiB)) oflag=direct conv=fsync s
 wz0=$(counter write_zeroes)
 blkdiscard -f -z -o $((base + 2 * MiB)) -l $((4 * MiB)) "$DEV"
 check "blkdiscard -z on $DEV" test $? -eq 0
-read_mib() { dd if="$DEV" bs=1M skip=$(($1 / MiB)) count="$2" iflag=direct status=none; }
 check "the 4 MiB range reads back as zeros" cmp -s -n $((4 * MiB)) /dev/zero <(read_mib $((base + 2 * MiB)) 4)
 check "the 2 MiB before it still hold the random data" cmp -s -n $((2 * MiB)) "$W/random" <(read_mib "$base" 2)
 if (($(cat $q/write_zeroes_max_bytes) > 0)); then

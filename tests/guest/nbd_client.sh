@@ -38,34 +38,8 @@ passed=0
 failed=0
 SERVER_PID=
 exec 3>&1 # say writes here, also from under a redirected command
-say() { echo "[$(($(date +%s) - T0)) s] $*" >&3; }
-pass() {
-  passed=$((passed + 1))
-  echo "PASS: $*"
-}
-fail() {
-  failed=$((failed + 1))
-  echo "FAIL: $*"
-}
-# check NAME CMD...: PASS or FAIL by CMD's status.
-check() {
-  local name=$1
-  shift
-  if "$@"; then pass "$name"; else fail "$name"; fi
-}
-# counter KEY: a number from the server's squeeze stats --json (first match).
-counter() {
-  "$BIN" stats --json "$CTL" 2>/dev/null | sed -n "s/^ *\"$1\": \([0-9.]*\),\{0,1\}$/\1/p" | head -n1
-}
-# timed NAME CMD...: run CMD, say how long it took; its status is CMD's.
-timed() {
-  local name=$1 t rc=0
-  t=$(date +%s)
-  shift
-  "$@" || rc=$?
-  say "$name: $(($(date +%s) - t)) s (status $rc)"
-  return "$rc"
-}
+# shellcheck source=tests/guest/lib/common.sh
+. "$(dirname "$0")/lib/common.sh"
 finish() {
   mountpoint -q "$MNT" && umount "$MNT"
   [[ -e /sys/block/nbd0/pid ]] && nbd-client -d "$DEV" >/dev/null 2>&1
@@ -135,12 +109,6 @@ mountpoint -q "$MNT" || finish
 
 # shellcheck disable=SC2086 # COPY is a list
 say "copying $COPY ($(du -sch $COPY 2>/dev/null | tail -n1 | cut -f1), $(find $COPY -type f | wc -l) files) onto the device"
-copy_all() {
-  local d
-  for d in $COPY; do
-    mkdir -p "$MNT/copy$(dirname "$d")" && cp -a "$d" "$MNT/copy$d" || return 1
-  done
-}
 timed "cp -a" copy_all
 check "cp -a each of $COPY to $MNT/copy/..." test $? -eq 0
 flushes0=$(counter flush)
@@ -149,16 +117,6 @@ check "sync reached the server as flushes ($flushes0 -> $(counter flush))" test 
 # Remount, so that diff reads the device and not the page cache. The
 # directories are compared at the same time: more requests in flight.
 check "umount and mount again" sh -c "umount $MNT && mount $DEV $MNT"
-diff_all() {
-  local d i=0 pids=() rc=0
-  for d in $COPY; do
-    i=$((i + 1))
-    diff -r --no-dereference "$d" "$MNT/copy$d" >"$OUT/diff-$i.txt" 2>&1 &
-    pids+=($!)
-  done
-  for i in "${pids[@]}"; do wait "$i" || rc=1; done
-  return "$rc"
-}
 timed "diff -r" diff_all
 check "diff -r of each copied directory is clean" test $? -eq 0
 cat "$OUT"/diff-*.txt | head -n 20 | sed 's/^/  diff: /'
@@ -186,16 +144,11 @@ check "umount $MNT" umount "$MNT"
 base=$((1 * GiB))
 dd if=/dev/urandom of="$W/random" bs=1M count=32 status=none
 dd if="$W/random" of="$DEV" bs=1M seek=$((base / MiB)) oflag=direct conv=fsync status=none
-read_mib() { dd if="$DEV" bs=1M skip=$(($1 / MiB)) count="$2" iflag=direct status=none; }
 check "32 MiB of random data written at 1 GiB read back" cmp -s "$W/random" <(read_mib "$base" 32)
 wz0=$(counter write_zeroes)
 timed "blkdiscard -z" blkdiscard -f -z -o $((base + 8 * MiB)) -l $((16 * MiB)) "$DEV"
 check "blkdiscard -f -z -o $((base + 8 * MiB)) -l $((16 * MiB)) $DEV" test $? -eq 0
 check "the 16 MiB range reads back as zeros" cmp -s -n $((16 * MiB)) /dev/zero <(read_mib $((base + 8 * MiB)) 16)
-around_intact() {
-  cmp -s -n $((8 * MiB)) "$W/random" <(read_mib "$base" 8) &&
-    cmp -s -n $((8 * MiB)) -i $((24 * MiB)):0 "$W/random" <(read_mib $((base + 24 * MiB)) 8)
-}
 check "the 8 MiB before and after it still hold the random data" around_intact
 if (($(cat $q/write_zeroes_max_bytes) > 0)); then
   check "blkdiscard -z reached the server as write_zeroes ($wz0 -> $(counter write_zeroes))" \

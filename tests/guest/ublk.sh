@@ -42,36 +42,12 @@ failed=0
 SERVER_PID=
 WRITER_PID=
 exec 3>&1 # say writes here, also from under a redirected command
-say() { echo "[$(($(date +%s) - T0)) s] $*" >&3; }
-pass() {
-  passed=$((passed + 1))
-  echo "PASS: $*"
-}
-fail() {
-  failed=$((failed + 1))
-  echo "FAIL: $*"
-}
-check() {
-  local name=$1
-  shift
-  if "$@"; then pass "$name"; else fail "$name"; fi
-}
-# counter KEY: a number from the server's squeeze stats --json (first match).
-counter() {
-  "$BIN" stats --json "$CTL" 2>/dev/null | sed -n "s/^ *\"$1\": \([0-9.]*\),\{0,1\}$/\1/p" | head -n1
-}
+# shellcheck source=tests/guest/lib/common.sh
+. "$(dirname "$0")/lib/common.sh"
 # ublk_counter KEY: a number from the "ublk" part of squeeze stats --json
 # (the device's request counters; "nbd_server" comes before it).
 ublk_counter() {
   "$BIN" stats --json "$CTL" 2>/dev/null | sed -n '/"ublk": {/,$p' | sed -n "s/^ *\"$1\": \([0-9.]*\),\{0,1\}$/\1/p" | head -n1
-}
-timed() {
-  local name=$1 t rc=0
-  t=$(date +%s)
-  shift
-  "$@" || rc=$?
-  say "$name: $(($(date +%s) - t)) s (status $rc)"
-  return "$rc"
 }
 # serve LOG [ID_ARGS...]: start the server on the volume (ublk, no NBD; by
 # default as device 0: --ublk-id 0), wait until it prints the device; the PID
@@ -147,12 +123,6 @@ check "mount $DEV $MNT" mount "$DEV" "$MNT"
 mountpoint -q "$MNT" || finish
 # shellcheck disable=SC2086 # COPY is a list
 say "copying $COPY ($(du -sch $COPY 2>/dev/null | tail -n1 | cut -f1), $(find $COPY -type f | wc -l) files) onto the device"
-copy_all() {
-  local d
-  for d in $COPY; do
-    mkdir -p "$MNT/copy$(dirname "$d")" && cp -a "$d" "$MNT/copy$d" || return 1
-  done
-}
 timed "cp -a" copy_all
 check "cp -a each of $COPY to $MNT/copy/..." test $? -eq 0
 flushes0=$(ublk_counter flush)
@@ -160,16 +130,6 @@ timed "sync" sync
 check "sync" test $? -eq 0
 check "sync reached the server as ublk flushes ($flushes0 -> $(ublk_counter flush))" test "$(ublk_counter flush)" -gt "$flushes0"
 check "umount and mount again" sh -c "umount $MNT && mount $DEV $MNT"
-diff_all() {
-  local d i=0 pids=() rc=0
-  for d in $COPY; do
-    i=$((i + 1))
-    diff -r --no-dereference "$d" "$MNT/copy$d" >"$OUT/diff-$i.txt" 2>&1 &
-    pids+=($!)
-  done
-  for i in "${pids[@]}"; do wait "$i" || rc=1; done
-  return "$rc"
-}
 timed "diff -r" diff_all
 check "diff -r of each copied directory is clean" test $? -eq 0
 cat "$OUT"/diff-*.txt | head -n 20 | sed 's/^/  diff: /'
@@ -193,7 +153,6 @@ check "umount $MNT" umount "$MNT"
 base=$((1 * GiB))
 dd if=/dev/urandom of="$W/random" bs=1M count=32 status=none
 dd if="$W/random" of="$DEV" bs=1M seek=$((base / MiB)) oflag=direct conv=fsync status=none
-read_mib() { dd if="$DEV" bs=1M skip=$(($1 / MiB)) count="$2" iflag=direct status=none; }
 check "32 MiB of random data written at 1 GiB read back" cmp -s "$W/random" <(read_mib "$base" 32)
 wz0=$(ublk_counter write_zeroes)
 timed "blkdiscard -z" blkdiscard -f -z -o $((base + 8 * MiB)) -l $((16 * MiB)) "$DEV"
@@ -201,10 +160,6 @@ check "blkdiscard -f -z -o $((base + 8 * MiB)) -l $((16 * MiB)) $DEV" test $? -e
 check "blkdiscard -z reached the server as ublk write-zeroes ($wz0 -> $(ublk_counter write_zeroes))" \
   test "$(ublk_counter write_zeroes)" -gt "$wz0"
 check "the 16 MiB range reads back as zeros" cmp -s -n $((16 * MiB)) /dev/zero <(read_mib $((base + 8 * MiB)) 16)
-around_intact() {
-  cmp -s -n $((8 * MiB)) "$W/random" <(read_mib "$base" 8) &&
-    cmp -s -n $((8 * MiB)) -i $((24 * MiB)):0 "$W/random" <(read_mib $((base + 24 * MiB)) 8)
-}
 check "the 8 MiB before and after it still hold the random data" around_intact
 
 # --- fio verify on the raw device --------------------------------------------
@@ -228,19 +183,6 @@ mountpoint -q "$MNT" || finish
 mkdir -p "$MNT/crash" "$W/src"
 : >"$W/fsynced"
 : >"$W/writer.err"
-writer() {
-  local i=0 n
-  while [[ ! -e $W/stop ]]; do
-    i=$((i + 1))
-    n=$((1 + RANDOM % 8))
-    head -c $((n * 64 * 1024)) /dev/urandom >"$W/src/f$i"
-    if dd if="$W/src/f$i" of="$MNT/crash/f$i" bs=64k conv=fsync status=none 2>>"$W/writer.err"; then
-      echo "f$i" >>"$W/fsynced"
-    else
-      echo "f$i: dd failed" >>"$W/writer.err"
-    fi
-  done
-}
 writer &
 WRITER_PID=$!
 restart_ok=0
@@ -289,16 +231,6 @@ timed "e2fsck -fn" e2fsck -fn "$DEV" >"$OUT/e2fsck.txt" 2>&1
 check "e2fsck -fn $DEV is clean after the kills" test $? -eq 0
 tail -n 3 "$OUT/e2fsck.txt" | sed 's/^/  e2fsck: /'
 check "mount $DEV $MNT again" mount -o ro "$DEV" "$MNT"
-intact() {
-  local f bad=0
-  while read -r f; do
-    cmp -s "$W/src/$f" "$MNT/crash/$f" || {
-      echo "  $f differs"
-      bad=$((bad + 1))
-    }
-  done <"$W/fsynced"
-  ((bad == 0))
-}
 check "every one of the $nfiles files fsynced reads back intact" intact
 umount "$MNT"
 
