@@ -113,20 +113,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
         let f = match File::open(&inp.path) {
             Ok(f) => f,
             Err(e) => {
-                st.unreadable += 1;
-                pb.suspend(|| {
-                    st.problem(format!("cannot open {}: {e} (skipped)", inp.path.display()))
-                });
+                pb.suspend(|| st.unreadable(&inp.path, "open", &e));
                 continue;
             }
         };
         let file_type = match read_at(&f, 0, HEADER.min(inp.size)) {
             Ok(h) => detect(&h),
             Err(e) => {
-                st.unreadable += 1;
-                pb.suspend(|| {
-                    st.problem(format!("cannot read {}: {e} (skipped)", inp.path.display()))
-                });
+                pb.suspend(|| st.unreadable(&inp.path, "read", &e));
                 continue;
             }
         };
@@ -221,10 +215,7 @@ fn dedup_pass(inputs: &[walk::Input], mem: u64, st: &mut WalkStats) -> dedup::De
         let f = match File::open(&inp.path) {
             Ok(f) => f,
             Err(e) => {
-                st.unreadable += 1;
-                pb.suspend(|| {
-                    st.problem(format!("cannot open {}: {e} (skipped)", inp.path.display()))
-                });
+                pb.suspend(|| st.unreadable(&inp.path, "open", &e));
                 continue;
             }
         };

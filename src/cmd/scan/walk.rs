@@ -58,7 +58,8 @@ impl WalkStats {
         }
     }
 
-    fn unreadable(&mut self, path: &Path, what: &str, e: &dyn std::fmt::Display) {
+    /// Counts `path` as unreadable and reports why ("cannot {what} ...").
+    pub fn unreadable(&mut self, path: &Path, what: &str, e: &dyn std::fmt::Display) {
         self.unreadable += 1;
         self.problem(format!("cannot {what} {}: {e} (skipped)", path.display()));
     }
