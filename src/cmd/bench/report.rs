@@ -41,11 +41,19 @@ pub(super) struct Report {
     pub(super) backing_write_mbps: f64,
     pub(super) raw_compress_mbps: f64,
     pub(super) raw_decompress_mbps: f64,
+    /// The raw codec decoding the same data cut as the engine stores it
+    /// when the policy chunks payloads (independent frames of `read_chunk`
+    /// raw bytes; 0 when it does not): what the layout costs apart from
+    /// the engine.
+    pub(super) raw_decompress_chunks_mbps: f64,
+    pub(super) read_chunk: u32,
     pub(super) write_vs_raw: f64,
     /// Each repetition's engine write against the raw compress beside it
     /// (write_vs_raw is their median).
     pub(super) write_vs_raw_reps: Vec<f64>,
     pub(super) read_vs_raw: f64,
+    /// The engine's read against `raw_decompress_chunks_mbps` (0: none).
+    pub(super) read_vs_raw_chunks: f64,
     pub(super) ratio: f64,
     pub(super) raw_ratio: f64,
     pub(super) cpu_utilization_write: f64,
@@ -152,6 +160,14 @@ impl Report {
             outln!("  write vs raw by run: {}", reps.join(", "));
         }
         outln!("raw decompress   {:>8.1} MB/s", self.raw_decompress_mbps);
+        if self.raw_decompress_chunks_mbps > 0.0 {
+            outln!(
+                "  in {} chunks   {:>8.1} MB/s  (the blobs cut as the engine stores them; engine read {:.0}% of it)",
+                human(u64::from(self.read_chunk)),
+                self.raw_decompress_chunks_mbps,
+                100.0 * self.read_vs_raw_chunks
+            );
+        }
         outln!(
             "ratio            {:.3} stored (raw codec alone: {:.3}); blobs {} compressed, {} rejected, {} skipped",
             self.ratio, self.raw_ratio, self.blobs_compressed, self.blobs_rejected, self.blobs_skipped

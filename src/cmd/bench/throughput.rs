@@ -121,6 +121,31 @@ pub(super) fn run(a: Args) -> Result<ExitCode> {
             Ok(())
         })?;
     }
+    // Untimed: the same blobs cut as the engine stores them when the
+    // policy chunks its payloads (`read_chunk`: independent frames of that
+    // many raw bytes), for a raw decompress of the engine's own layout.
+    let chunk = policy.read_chunk as usize;
+    let chunked = codec && chunk != 0 && chunk < blob;
+    let compressed_chunks: Vec<Vec<Option<Vec<u8>>>> = if chunked {
+        let out: Vec<parking_lot::Mutex<Vec<Option<Vec<u8>>>>> = (0..n_req)
+            .map(|_| parking_lot::Mutex::new(Vec::new()))
+            .collect();
+        parallel(threads, n_req, |i| {
+            let mut c = squeeze_codec::new_compressor(alg);
+            let mut scratch = Vec::new();
+            let req = &data[i * REQUEST..(i + 1) * REQUEST];
+            let mut v = Vec::with_capacity(REQUEST / chunk);
+            for piece in req.chunks(chunk) {
+                let frame = c.compress(piece, &mut scratch, piece.len() - 1)?;
+                v.push(frame.map(|n| scratch[..n].to_vec()));
+            }
+            *out[i].lock() = v;
+            Ok(())
+        })?;
+        out.into_iter().map(|m| m.into_inner()).collect()
+    } else {
+        Vec::new()
+    };
     let raw_stored = if codec {
         compressed
             .iter()
@@ -158,6 +183,25 @@ pub(super) fn run(a: Args) -> Result<ExitCode> {
             let mut out = vec![0u8; blob];
             for b in compressed[i].lock().iter().flatten() {
                 squeeze_codec::decompress(policy.codec, b, &mut out)?;
+            }
+            Ok(())
+        })
+    };
+    // The same, chunk by chunk (a chunk that did not compress is copied,
+    // as the engine copies a raw chunk).
+    let raw_decompress_chunks = || -> Result<f64> {
+        if !chunked {
+            return Ok(0.0);
+        }
+        parallel(threads, n_req, |i| {
+            let mut out = vec![0u8; chunk];
+            let src = &data[i * REQUEST..(i + 1) * REQUEST];
+            for (k, c) in compressed_chunks[i].iter().enumerate() {
+                match c {
+                    Some(frame) => squeeze_codec::decompress(policy.codec, frame, &mut out)?,
+                    None => out.copy_from_slice(&src[k * chunk..(k + 1) * chunk]),
+                }
+                std::hint::black_box(&out);
             }
             Ok(())
         })
@@ -220,7 +264,7 @@ pub(super) fn run(a: Args) -> Result<ExitCode> {
     let (mut rr_e_cpu, mut rr_f_cpu) = (vec![], vec![]);
     let (mut w, mut fl, mut cw, mut r, mut cr) = (vec![], vec![], vec![], vec![], vec![]);
     let mut cold_r = vec![];
-    let (mut rc, mut rd, mut rc_cpu) = (vec![], vec![], vec![]);
+    let (mut rc, mut rd, mut rdc, mut rc_cpu) = (vec![], vec![], vec![], vec![]);
     let mut last: Option<Volume> = None;
     for _ in 0..reps {
         // Each repetition on a fresh volume; the previous one goes first.
@@ -253,6 +297,7 @@ pub(super) fn run(a: Args) -> Result<ExitCode> {
         // timed read finds every record there (streams take cached pages).
         cache_file(&tmp.path().join("bench.sqz"))?;
         rd.push(raw_decompress()?);
+        rdc.push(raw_decompress_chunks()?);
         let cpu1 = process_cpu_seconds();
         r.push(read_all()?);
         cr.push(process_cpu_seconds() - cpu1);
@@ -284,6 +329,12 @@ pub(super) fn run(a: Args) -> Result<ExitCode> {
     let write_vs_raw_reps = per_rep(&rc, &w);
     let write_vs_raw = median_or_zero(&write_vs_raw_reps);
     let read_vs_raw = median_or_zero(&per_rep(&rd, &r));
+    let read_vs_raw_chunks = if chunked {
+        median_or_zero(&per_rep(&rdc, &r))
+    } else {
+        0.0
+    };
+    let raw_dc_secs = if chunked { mid(&rdc) } else { 0.0 };
     let random_read_vs_raw_file = mid(&rr_f
         .iter()
         .zip(&rr_e)
@@ -348,9 +399,16 @@ pub(super) fn run(a: Args) -> Result<ExitCode> {
         backing_write_mbps: st.log_bytes_written as f64 / 1e6 / w_secs,
         raw_compress_mbps: raw_c,
         raw_decompress_mbps: raw_d,
+        raw_decompress_chunks_mbps: if raw_dc_secs > 0.0 {
+            mb / raw_dc_secs
+        } else {
+            0.0
+        },
+        read_chunk: chunk as u32,
         write_vs_raw,
         write_vs_raw_reps,
         read_vs_raw,
+        read_vs_raw_chunks,
         ratio: st.compression_ratio,
         raw_ratio: data.len() as f64 / raw_stored.max(1) as f64,
         cpu_utilization_write: cpu_w / (w_secs + flush_secs) / cores as f64,
