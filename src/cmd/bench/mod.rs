@@ -111,6 +111,21 @@ pub fn run(a: Args) -> Result<ExitCode> {
 }
 
 /// Runs `f(request_index)` for every request on `n` threads; returns seconds.
+/// Runs `f` on this thread's output buffer of `len` bytes, kept across
+/// the requests a [`parallel`] thread serves: a buffer allocated per
+/// request would time the allocator zeroing it: until session 25 the
+/// engine's read zeroed a fresh 1 MiB per 1 MiB request, the raw codec's
+/// decompress a fresh 128 KiB, so the engine paid eight times as much.
+fn with_buf<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    BUF.with_borrow_mut(|b| {
+        b.resize(len, 0);
+        f(&mut b[..len])
+    })
+}
+
 fn parallel(n: usize, requests: usize, f: impl Fn(usize) -> Result<()> + Sync) -> Result<f64> {
     let next = AtomicUsize::new(0);
     let t0 = Instant::now();

@@ -3,7 +3,7 @@
 //! `bench`).
 
 use super::report::Report;
-use super::{parallel, random_read, Args, REQUEST};
+use super::{parallel, random_read, with_buf, Args, REQUEST};
 use crate::machine::machine;
 use crate::util::human;
 use anyhow::{bail, Context, Result};
@@ -180,11 +180,12 @@ pub(super) fn run(a: Args) -> Result<ExitCode> {
             return Ok(0.0);
         }
         parallel(threads, n_req, |i| {
-            let mut out = vec![0u8; blob];
-            for b in compressed[i].lock().iter().flatten() {
-                squeeze_codec::decompress(policy.codec, b, &mut out)?;
-            }
-            Ok(())
+            with_buf(blob, |out| -> Result<()> {
+                for b in compressed[i].lock().iter().flatten() {
+                    squeeze_codec::decompress(policy.codec, b, out)?;
+                }
+                Ok(())
+            })
         })
     };
     // The same, chunk by chunk (a chunk that did not compress is copied,
@@ -194,16 +195,17 @@ pub(super) fn run(a: Args) -> Result<ExitCode> {
             return Ok(0.0);
         }
         parallel(threads, n_req, |i| {
-            let mut out = vec![0u8; chunk];
-            let src = &data[i * REQUEST..(i + 1) * REQUEST];
-            for (k, c) in compressed_chunks[i].iter().enumerate() {
-                match c {
-                    Some(frame) => squeeze_codec::decompress(policy.codec, frame, &mut out)?,
-                    None => out.copy_from_slice(&src[k * chunk..(k + 1) * chunk]),
+            with_buf(chunk, |out| -> Result<()> {
+                let src = &data[i * REQUEST..(i + 1) * REQUEST];
+                for (k, c) in compressed_chunks[i].iter().enumerate() {
+                    match c {
+                        Some(frame) => squeeze_codec::decompress(policy.codec, frame, out)?,
+                        None => out.copy_from_slice(&src[k * chunk..(k + 1) * chunk]),
+                    }
+                    std::hint::black_box(&*out);
                 }
-                std::hint::black_box(&out);
-            }
-            Ok(())
+                Ok(())
+            })
         })
     };
 
@@ -286,10 +288,11 @@ pub(super) fn run(a: Args) -> Result<ExitCode> {
         // --threads of them.
         let read_all = || {
             parallel(threads, n_req, |i| {
-                let mut buf = vec![0u8; REQUEST];
-                vol.read((i * REQUEST) as u64, &mut buf)?;
-                std::hint::black_box(&buf);
-                Ok(())
+                with_buf(REQUEST, |buf| -> Result<()> {
+                    vol.read((i * REQUEST) as u64, buf)?;
+                    std::hint::black_box(&*buf);
+                    Ok(())
+                })
             })
         };
         cold_r.push(read_all()?);
