@@ -16,9 +16,9 @@
 //!
 //! Mode 2 (inline) came after mode 1 within format 7, without a version
 //! bump: nothing in the log depends on the mode. A binary built before it
-//! finds mode 2 an unknown mode and refuses the slot ("superblock
-//! invalid: unknown dedup mode 2"); with both slots refused it does not
-//! open the volume (docs/FORMAT.md, the superblock table).
+//! finds mode 2 an unknown mode and refuses the slot ("invalid
+//! superblock: unknown dedup mode 2"); with both slots refused it does
+//! not open the volume (docs/FORMAT.md, the superblock table).
 
 use crate::le::{get_u32, put_u32};
 use crate::FormatError;
