@@ -1,5 +1,5 @@
 //! The deduplication settings `create` and `set` take, and that a `set`
-//! sends over the control socket (docs/DEDUP.md): `--dedup off|idle` and
+//! sends over the control socket (docs/DEDUP.md): `--dedup off|idle|inline` and
 //! `--dedup-index MIB`; and the settings as `info`, `stats` and the
 //! control socket show them.
 
@@ -10,20 +10,21 @@ use squeeze_engine::{DedupMode, DedupSettings};
 #[derive(clap::Args, Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DedupArgs {
-    /// Deduplication: off (the default: only `squeeze compact --dedup`) or
-    /// idle (the maintenance thread deduplicates while clients are idle).
-    /// inline is not built.
-    #[arg(long = "dedup", value_name = "off|idle", value_parser = parse_mode)]
+    /// Deduplication: off (the default: only `squeeze compact --dedup`),
+    /// idle (the maintenance thread deduplicates while clients are idle)
+    /// or inline (each write is looked up in an index of recent content
+    /// and copies are linked as they are written; the idle pass runs too).
+    #[arg(long = "dedup", value_name = "off|idle|inline", value_parser = parse_mode)]
     pub dedup: Option<String>,
-    /// MiB of RAM for the idle pass's fingerprint index (default 256: about
+    /// MiB of RAM for the fingerprint index, the idle pass's and, in mode
+    /// inline, the write path's, each (default 256: about
     /// 13.8 million sectors, 52 GiB of data remembered at once; a larger
     /// volume keeps 1 fingerprint in up to 32 and finds copies from them).
     #[arg(long, value_name = "MIB")]
     pub dedup_index: Option<u32>,
 }
 
-/// Checks a mode's name on the command line (`inline` is refused there,
-/// with the reason).
+/// Checks a mode's name on the command line.
 fn parse_mode(s: &str) -> std::result::Result<String, String> {
     DedupMode::parse(s).map(|m| m.name().to_string())
 }
@@ -83,17 +84,23 @@ mod tests {
             dedup: Some("inline".into()),
             dedup_index: None,
         };
-        assert!(inline
+        assert_eq!(inline.apply(cur).unwrap().mode, DedupMode::Inline);
+        let unknown = DedupArgs {
+            dedup: Some("sometimes".into()),
+            dedup_index: None,
+        };
+        assert!(unknown
             .apply(cur)
             .unwrap_err()
             .to_string()
-            .contains("not built"));
+            .contains("unknown dedup mode"));
         let zero = DedupArgs {
             dedup: None,
             dedup_index: Some(0),
         };
         assert!(zero.apply(cur).is_err());
-        assert!(parse_mode("inline").is_err());
+        assert_eq!(parse_mode("inline").unwrap(), "inline");
+        assert!(parse_mode("sometimes").is_err());
         assert_eq!(parse_mode("off").unwrap(), "off");
     }
 }

@@ -104,8 +104,10 @@ fn sigkill_serve_during_idle_upgrades() {
 /// Deduplication under the kills (`squeeze-torture --dedup`): a third of
 /// the aligned writes copy other sectors' content, the volume is in dedup
 /// mode idle (most cycles end in an idle phase, where the maintenance
-/// thread runs the dedup pass and is killed in it), and the offline steps
-/// run `compact --dedup`; every sector still reads back exactly.
+/// thread runs the dedup pass and is killed in it) and every other cycle
+/// in mode inline (copies linked as they are written, SIGKILLs among
+/// them), and the offline steps run `compact --dedup`; every sector still
+/// reads back exactly.
 #[test]
 fn sigkill_serve_with_dedup_idle_and_compact_dedup() {
     let mut o = options(16, 0x6465_6475);
@@ -114,4 +116,5 @@ fn sigkill_serve_with_dedup_idle_and_compact_dedup() {
     o.idle_percent = 60;
     let t = torture_totals(&o);
     assert!(t.copy_writes > 0, "no write copied another's content: {t}");
+    assert!(t.inline_cycles > 0, "no cycle in dedup mode inline: {t}");
 }

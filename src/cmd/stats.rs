@@ -148,6 +148,14 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
             String::new()
         }
     );
+    if s.dedup_mode == "inline" || s.dedup_inline_linked_sectors > 0 {
+        outln!(
+            "dedup inline           {} sectors linked as written, {} mismatched; index {}",
+            s.dedup_inline_linked_sectors,
+            s.dedup_inline_mismatched_sectors,
+            human(s.dedup_inline_index_bytes)
+        );
+    }
     if s.dedup_references > 0 || s.dedup_orphans > 0 {
         outln!(
             "deduplication          {} saved: {} sectors share {} stored once ({:.2} each), {} unshared waiting to be zeroed; data reduction {:.3}",

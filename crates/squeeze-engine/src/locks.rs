@@ -34,6 +34,21 @@ impl RangeLocks {
             range: (start, end),
         }
     }
+
+    /// Locks sectors `[start, end)` if no holder overlaps them, without
+    /// waiting: for a holder of another range (inline dedup's source run),
+    /// which must never wait for a second range while it holds one.
+    pub fn try_lock(&self, start: u64, end: u64) -> Option<RangeGuard<'_>> {
+        let mut held = self.held.lock();
+        if held.iter().any(|&(s, e)| s < end && start < e) {
+            return None;
+        }
+        held.push((start, end));
+        Some(RangeGuard {
+            locks: self,
+            range: (start, end),
+        })
+    }
 }
 
 impl Drop for RangeGuard<'_> {
@@ -109,6 +124,17 @@ mod tests {
         assert!(!h.is_finished());
         drop(g);
         h.join().unwrap();
+    }
+
+    #[test]
+    fn try_lock_never_waits() {
+        let l = RangeLocks::default();
+        let g = l.lock(10, 20);
+        assert!(l.try_lock(15, 25).is_none());
+        let h = l.try_lock(20, 30).expect("disjoint");
+        drop(g);
+        assert!(l.try_lock(0, 20).is_some());
+        drop(h);
     }
 
     #[test]

@@ -56,9 +56,14 @@ pub(crate) struct Inner {
     pub log: Mutex<LogState>,
     pub state: RwLock<MapState>,
     pub ranges: RangeLocks,
-    /// Held by a deduplication pass and by the zeroing of orphans: one of
-    /// them at a time (`dedup`).
-    pub dedup_lock: Mutex<()>,
+    /// Held exclusively by a deduplication pass and by the zeroing of
+    /// orphans (one of them at a time), shared by writes in dedup mode
+    /// inline while they share (`dedup`): nothing zeroes a hidden address
+    /// between a writer's comparison of its bytes and its Link.
+    pub dedup_lock: RwLock<()>,
+    /// Dedup mode inline: whether it is on, and its index of recent
+    /// content (`dedup::inline`).
+    pub inline: crate::dedup::inline::InlineDedup,
     pub tickets: Tickets,
     /// Readers hold it shared from map lookup to the end of their read;
     /// freeing segments takes it exclusively, so no reader ever reads a

@@ -68,8 +68,8 @@ pub struct VolumeStats {
     pub dedup_linked_sectors: u64,
     #[serde(default)]
     pub dedup_shared_writes: u64,
-    /// The volume's dedup mode ("off" or "idle") and its idle pass's index
-    /// budget.
+    /// The volume's dedup mode ("off", "idle" or "inline") and its index
+    /// budget (the idle pass's, and the inline index's).
     #[serde(default)]
     pub dedup_mode: String,
     #[serde(default)]
@@ -83,6 +83,17 @@ pub struct VolumeStats {
     /// The LBA an idle pass under way resumes at (0: none under way).
     #[serde(default)]
     pub dedup_idle_cursor: u64,
+    /// Over the volume's life: client sectors the write path linked as
+    /// they were written (dedup mode inline; part of
+    /// dedup_linked_sectors), and written sectors the inline index named
+    /// whose bytes differed from the source's (stored as usual).
+    #[serde(default)]
+    pub dedup_inline_linked_sectors: u64,
+    #[serde(default)]
+    pub dedup_inline_mismatched_sectors: u64,
+    /// RAM of the inline index now (0 unless dedup mode inline).
+    #[serde(default)]
+    pub dedup_inline_index_bytes: u64,
     /// Logical bytes over physical bytes on disk.
     pub effective_ratio: f64,
     pub bytes_per_algorithm: std::collections::BTreeMap<String, u64>,
@@ -374,6 +385,9 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         dedup_idle_passes: c.get(Counter::DedupIdlePasses),
         dedup_idle_linked_sectors: c.get(Counter::DedupIdleLinkedSectors),
         dedup_idle_cursor: c.get(Counter::DedupIdleCursor),
+        dedup_inline_linked_sectors: c.get(Counter::DedupInlineLinkedSectors),
+        dedup_inline_mismatched_sectors: c.get(Counter::DedupInlineMismatchedSectors),
+        dedup_inline_index_bytes: inner.inline.memory_bytes(),
         effective_ratio: ratio(mapped_bytes, physical),
         bytes_per_algorithm: per_alg,
         blobs_compressed: c.get(Counter::BlobsCompressed),

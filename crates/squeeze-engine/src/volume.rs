@@ -339,6 +339,7 @@ impl Volume {
             // deflate:1..=3), else the CPU pool.
             Arc::new(squeeze_codec::isal::default_engine(n))
         });
+        let inline = crate::dedup::inline::InlineDedup::new(sb.dedup);
         let inner = Arc::new(Inner {
             storage,
             uuid: sb.uuid,
@@ -366,6 +367,7 @@ impl Volume {
             state: RwLock::new(state),
             ranges: RangeLocks::default(),
             dedup_lock: Default::default(),
+            inline,
             tickets: Tickets::default(),
             gate: RwLock::new(()),
             write_out_lock: Mutex::new(()),

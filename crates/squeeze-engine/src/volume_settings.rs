@@ -31,6 +31,14 @@ impl Volume {
         self.inner.sb.lock().dedup
     }
 
+    /// Test hook: the inline index's fingerprints cut to 2 bits, so that
+    /// different contents collide and every share must be refused by the
+    /// comparison of bytes (`tests/dedup_inline.rs`, the simulator).
+    #[doc(hidden)]
+    pub fn debug_weak_inline_fingerprints(&self, weak: bool) {
+        self.inner.inline.set_weak(weak);
+    }
+
     /// Changes the policy for future writes and records it durably.
     pub fn set_policy(&self, policy: Policy) -> Result<()> {
         self.set_settings(SettingsChange {
@@ -144,6 +152,7 @@ impl Volume {
             let adapt = active.adapt.as_ref().map(|a| a.config());
             *active = ActivePolicy::with_adaptation(p, adapt);
         }
+        self.inner.inline.configure(next.dedup);
         *sb = next;
         Ok(())
     }

@@ -4,14 +4,16 @@
 
 use crate::append::{self, Room};
 use crate::counters::Counter;
+use crate::dedup;
 use crate::error::Result;
 use crate::pipeline::burst::RoomReading;
 use crate::pipeline::compress::{encode, Item};
-use crate::pipeline::policy::Hint;
+use crate::pipeline::policy::{ActivePolicy, Hint};
 use crate::pipeline::split::{split, Piece, Zeros};
 use crate::read;
 use crate::space::make_room::append_making_room;
 use crate::state::Inner;
+use squeeze_codec::Algorithm;
 use squeeze_format::SECTOR_SIZE;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -66,7 +68,9 @@ pub(crate) fn write_from(
     Ok(())
 }
 
-/// `data` is whole sectors from `lba`; `shared` as in [`encode`].
+/// `data` is whole sectors from `lba`; `shared` as in [`encode`]. In dedup
+/// mode inline each chunk first goes through `dedup::inline::share`, and
+/// only what it did not share is stored.
 fn write_sectors(
     inner: &Inner,
     lba: u64,
@@ -78,19 +82,9 @@ fn write_sectors(
     let policy = inner.policy.read().clone();
     let max_blob = policy.max_blob_sectors();
     let batch = BATCH_BYTES_MAX / policy.policy.max_blob as usize * policy.policy.max_blob as usize;
+    let inline = inner.inline.on();
     for (k, chunk) in data.chunks(batch).enumerate() {
         let at = lba + (k * batch / SECTOR_SIZE) as u64;
-        let pieces = atomic_split(chunk, at, max_blob, zeros);
-        let zero_sectors: u64 = pieces
-            .iter()
-            .map(|p| match p {
-                Piece::Zero { sectors, .. } => *sectors,
-                _ => 0,
-            })
-            .sum();
-        inner
-            .counters
-            .add(Counter::ZeroSectorsWritten, zero_sectors);
         let shared = shared.map(|(a, base)| (a, base + k * batch));
         let written = inner.counters.get(Counter::BytesWritten);
         let room = || RoomReading {
@@ -98,20 +92,61 @@ fn write_sectors(
             pending_raw_bytes: inner.state.read().usage.burst_raw_total(),
         };
         let alg = policy.write_algorithm(&*inner.engine, written, &room);
-        let blocks = inner.block_payloads.load(Ordering::Acquire);
-        let (items, cpu_ns) = encode(
-            &*inner.engine,
-            &policy,
-            (alg, blocks),
-            hint,
-            chunk,
-            shared,
-            &pieces,
-        );
-        inner.counters.add(Counter::CompressNs, cpu_ns);
-        append_making_room(inner, &items, chunk, Room::Data)?;
+        let codec = (alg, inner.block_payloads.load(Ordering::Acquire));
+        if !inline {
+            store(inner, &policy, codec, hint, zeros, at, chunk, shared)?;
+            continue;
+        }
+        let s = dedup::inline::share(inner, &policy, codec, hint, at, chunk, shared, max_blob)?;
+        for &(a, b) in &s.rest {
+            let part = &chunk[a * SECTOR_SIZE..b * SECTOR_SIZE];
+            let shared = shared.map(|(buf, base)| (buf, base + a * SECTOR_SIZE));
+            store(
+                inner,
+                &policy,
+                codec,
+                hint,
+                zeros,
+                at + a as u64,
+                part,
+                shared,
+            )?;
+        }
+        dedup::inline::remember(inner, at, &s);
     }
     Ok(())
+}
+
+/// Stores `chunk` (whole sectors from `at`, at most one batch): split,
+/// compressed with `codec`, appended.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the write's own state, passed on"
+)]
+fn store(
+    inner: &Inner,
+    policy: &ActivePolicy,
+    codec: (Algorithm, bool),
+    hint: Hint,
+    zeros: Zeros,
+    at: u64,
+    chunk: &[u8],
+    shared: Option<(&Arc<Vec<u8>>, usize)>,
+) -> Result<()> {
+    let pieces = atomic_split(chunk, at, policy.max_blob_sectors(), zeros);
+    let zero_sectors: u64 = pieces
+        .iter()
+        .map(|p| match p {
+            Piece::Zero { sectors, .. } => *sectors,
+            _ => 0,
+        })
+        .sum();
+    inner
+        .counters
+        .add(Counter::ZeroSectorsWritten, zero_sectors);
+    let (items, cpu_ns) = encode(&*inner.engine, policy, codec, hint, chunk, shared, &pieces);
+    inner.counters.add(Counter::CompressNs, cpu_ns);
+    append_making_room(inner, &items, chunk, Room::Data)
 }
 
 pub(crate) fn zero_range(inner: &Inner, offset: u64, len: u64, fua: bool) -> Result<()> {

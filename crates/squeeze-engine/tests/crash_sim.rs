@@ -285,6 +285,9 @@ struct KillStats {
     /// Steps of the idle pass (dedup mode idle) that read a window or more:
     /// cut after 1 to 3 windows, resumed from the cursor by the next.
     dedup_idle_steps: u64,
+    /// Client sectors dedup mode inline linked as they were written (as
+    /// the last checkpoint before the seed's end counted them).
+    dedup_inline_linked: u64,
 }
 
 fn run_seed(path: IoPath, seed: u64) -> KillStats {
@@ -310,9 +313,15 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
     let mut opts = small_opts(SIZE);
     opts.policy = policy;
     // Even seeds deduplicate: in dedup mode idle, so the idle pass's steps
-    // run too (the settings in the superblock survive the power cuts).
+    // run too (the settings in the superblock survive the power cuts);
+    // half of them (seeds divisible by 4) in mode inline, so their writes
+    // of copies are linked as they are written as well.
     if seed.is_multiple_of(2) {
-        opts.dedup.mode = squeeze_engine::DedupMode::Idle;
+        opts.dedup.mode = if seed.is_multiple_of(4) {
+            squeeze_engine::DedupMode::Inline
+        } else {
+            squeeze_engine::DedupMode::Idle
+        };
     }
     let mut vol = Volume::create_with(rig.storage(), &opts, rig.options()).unwrap();
     tune(&vol);
@@ -464,6 +473,7 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
     vol.flush().unwrap();
     m.flush();
     kills.faults = vol.stats().map_faults;
+    kills.dedup_inline_linked = vol.stats().dedup_inline_linked_sectors;
     let (_d, v) = crash_and_recover(&mut r, &rig, vol, seed);
     m.verify_after_crash(&v, seed, steps);
     kills
@@ -488,18 +498,20 @@ fn run_seeds(path: IoPath) -> KillStats {
         all.faults += k.faults;
         all.dedup_linked += k.dedup_linked;
         all.dedup_idle_steps += k.dedup_idle_steps;
+        all.dedup_inline_linked += k.dedup_inline_linked;
     }
     println!(
         "{path:?}: {n} seeds; {} process kills, {} with staged bytes, {} acknowledged \
          unflushed sectors lost to them; {} upgrade passes; {} map chunks paged in; {} \
-         sectors deduplicated ({} idle pass steps)",
+         sectors deduplicated ({} idle pass steps; {} linked inline as written)",
         all.kills,
         all.kills_with_staged,
         all.sectors_lost,
         all.upgrades,
         all.faults,
         all.dedup_linked,
-        all.dedup_idle_steps
+        all.dedup_idle_steps,
+        all.dedup_inline_linked
     );
     if n >= 20 {
         assert!(all.faults > 0, "no seed paged its map in");
@@ -515,6 +527,10 @@ fn run_seeds(path: IoPath) -> KillStats {
             "no deduplication pass shared anything"
         );
         assert!(all.dedup_idle_steps > 0, "no idle pass step read anything");
+        assert!(
+            all.dedup_inline_linked > 0,
+            "no write in dedup mode inline was linked as written"
+        );
     }
     all
 }

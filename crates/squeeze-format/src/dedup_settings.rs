@@ -3,7 +3,7 @@
 //! (`superblock.rs`, bytes 4080..4092) beside the policy and the cap.
 //!
 //! ```text
-//! byte 4080  dedup mode       u8   0 off, 1 idle
+//! byte 4080  dedup mode       u8   0 off, 1 idle, 2 inline
 //!      4081  reserved         [3]  0
 //!      4084  dedup index MiB  u32  the idle pass's index budget, 0 = the
 //!                                  default (DEFAULT_INDEX_MIB)
@@ -13,6 +13,12 @@
 //! Before format 7 those bytes may hold checkpoint segment ids: a volume
 //! in an older version has the default settings and keeps them until a
 //! checkpoint has made it 7.
+//!
+//! Mode 2 (inline) came after mode 1 within format 7, without a version
+//! bump: nothing in the log depends on the mode. A binary built before it
+//! finds mode 2 an unknown mode and refuses the slot ("invalid
+//! superblock: unknown dedup mode 2"); with both slots refused it does
+//! not open the volume (docs/FORMAT.md, the superblock table).
 
 use crate::le::{get_u32, put_u32};
 use crate::FormatError;
@@ -34,30 +40,34 @@ pub enum DedupMode {
     Off = 0,
     /// The maintenance thread runs the pass while clients are idle.
     Idle = 1,
+    /// Each written sector is looked up in an index of recent content
+    /// and linked instead of stored when it is found again
+    /// (`squeeze_engine::dedup::inline`); the idle pass runs as well.
+    Inline = 2,
 }
 
 impl DedupMode {
-    pub const ALL: [DedupMode; 2] = [DedupMode::Off, DedupMode::Idle];
+    pub const ALL: [DedupMode; 3] = [DedupMode::Off, DedupMode::Idle, DedupMode::Inline];
 
     pub fn name(self) -> &'static str {
         match self {
             DedupMode::Off => "off",
             DedupMode::Idle => "idle",
+            DedupMode::Inline => "inline",
         }
     }
 
-    /// The mode a user named, or why not (`inline` is a known name that
-    /// is not built).
+    /// The mode a user named, or why not.
     pub fn parse(s: &str) -> Result<DedupMode, String> {
-        if let Some(m) = Self::ALL.into_iter().find(|m| m.name() == s) {
-            return Ok(m);
-        }
-        if s == "inline" {
-            return Err(
-                "dedup mode inline is not built: use off or idle (docs/DEDUP.md)".to_string(),
-            );
-        }
-        Err(format!("unknown dedup mode {s:?}: use off or idle"))
+        Self::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("unknown dedup mode {s:?}: use off, idle or inline"))
+    }
+
+    /// Whether the maintenance thread runs the idle pass.
+    pub fn idle_pass(self) -> bool {
+        matches!(self, DedupMode::Idle | DedupMode::Inline)
     }
 
     fn from_u8(v: u8) -> Result<DedupMode, FormatError> {
@@ -134,13 +144,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_round_trip_and_inline_is_refused_as_not_built() {
+    fn names_round_trip_and_unknown_names_are_refused() {
         for m in DedupMode::ALL {
             assert_eq!(DedupMode::parse(m.name()), Ok(m));
+            assert_eq!(DedupMode::from_u8(m as u8), Ok(m));
         }
-        assert!(DedupMode::parse("inline")
-            .unwrap_err()
-            .contains("not built"));
+        assert_eq!(DedupMode::parse("inline"), Ok(DedupMode::Inline));
         assert!(DedupMode::parse("sometimes")
             .unwrap_err()
             .contains("unknown"));
@@ -158,7 +167,12 @@ mod tests {
         assert_eq!(s.index_bytes(), 64 << 20);
         assert_eq!(DedupSettings::default().index_bytes(), 256 << 20);
         b[DEDUP_SETTINGS_OFFSET] = 2;
-        assert!(DedupSettings::decode(&b).is_err());
+        assert_eq!(DedupSettings::decode(&b).unwrap().mode, DedupMode::Inline);
+        // A mode this build does not know refuses the slot, as mode 2 does
+        // in a build before inline.
+        b[DEDUP_SETTINGS_OFFSET] = 3;
+        let e = DedupSettings::decode(&b).unwrap_err().to_string();
+        assert!(e.contains("unknown dedup mode 3"), "{e}");
         b[DEDUP_SETTINGS_OFFSET] = 1;
         b[DEDUP_SETTINGS_OFFSET + 2] = 1;
         assert!(DedupSettings::decode(&b).is_err());

@@ -16,7 +16,8 @@ const USAGE: &str = "usage: squeeze-torture [options]
                      squeeze compact (sometimes SIGKILLed part way)
   --dedup            a third of the aligned writes copy other sectors' content
                      (duplicates within and across cycles); the volume is
-                     created with --dedup idle, and --compact runs
+                     created with --dedup idle, set live to inline
+                     for every other cycle, and --compact runs
                      compact --dedup; --idle-percent defaults to 30, so
                      idle passes run and are killed
   --bin PATH         the squeeze binary (default: $SQUEEZE_BIN, else squeeze
@@ -131,7 +132,7 @@ fn main() -> ExitCode {
         }
     );
     if o.dedup {
-        eprintln!("squeeze-torture: with duplicated data and dedup mode idle");
+        eprintln!("squeeze-torture: with duplicated data, dedup mode idle and inline by turns");
     }
     match run(&o, &mut |l| eprintln!("{l}")) {
         Ok(t) => {

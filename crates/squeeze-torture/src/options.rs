@@ -42,7 +42,9 @@ pub struct Options {
     /// lately, in this cycle or an earlier one) to other sectors, so the
     /// volume holds real duplicates; the volume is created with `--dedup
     /// idle` (the server deduplicates in its idle phases, and is killed in
-    /// the middle of it) and `compact` runs `compact --dedup`.
+    /// the middle of it), every other cycle runs in dedup mode inline (set
+    /// live: copies linked as they are written, killed mid-write), and
+    /// `compact` runs `compact --dedup`.
     pub dedup: bool,
     /// Start the server with `--simulate-saturated-engine`: every write
     /// batch is compressed below the volume's target codec, so the idle

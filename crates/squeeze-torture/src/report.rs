@@ -80,6 +80,10 @@ pub struct Totals {
     pub dedup_idle_passes: u64,
     pub dedup_idle_linked_sectors: u64,
     pub kills_in_dedup_passes: u64,
+    /// Cycles run in dedup mode inline (`--dedup`: every other one), and
+    /// the client sectors linked as they were written.
+    pub inline_cycles: u64,
+    pub dedup_inline_linked_sectors: u64,
     /// Aligned writes that copied other sectors' content (`--dedup`).
     pub copy_writes: u64,
     pub seconds: f64,
@@ -89,7 +93,7 @@ impl fmt::Display for Totals {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} cycles in {:.1} s: {} SIGKILLs with {} requests in flight, {} connections; {} writes ({} FUA, {} unaligned, {:.1} MiB), {} reads, {} flushes, {} trims, {} write-zeroes; {} clean stops, {} compacts ({} killed), {} checks; after the crashes: {} sectors at their latest content, {} at an intermediate one, {} rolled back to durable; {} of these lost an acknowledged unflushed write; volume: {} checkpoints, {} segments reclaimed, cleaner moved {:.1} MiB, merger rewrote {:.1} MiB, log {:.1} MiB; {:.1} MiB written below the target codec, {:.1} MiB upgraded, {} idle kills after upgrades; {} copy writes, {} idle dedup passes linked {} sectors, {} kills with a dedup pass under way",
+            "{} cycles in {:.1} s: {} SIGKILLs with {} requests in flight, {} connections; {} writes ({} FUA, {} unaligned, {:.1} MiB), {} reads, {} flushes, {} trims, {} write-zeroes; {} clean stops, {} compacts ({} killed), {} checks; after the crashes: {} sectors at their latest content, {} at an intermediate one, {} rolled back to durable; {} of these lost an acknowledged unflushed write; volume: {} checkpoints, {} segments reclaimed, cleaner moved {:.1} MiB, merger rewrote {:.1} MiB, log {:.1} MiB; {:.1} MiB written below the target codec, {:.1} MiB upgraded, {} idle kills after upgrades; {} copy writes, {} idle dedup passes linked {} sectors, {} kills with a dedup pass under way; {} cycles in dedup mode inline linked {} sectors as written",
             self.cycles,
             self.seconds,
             self.kills,
@@ -122,12 +126,15 @@ impl fmt::Display for Totals {
             self.copy_writes,
             self.dedup_idle_passes,
             self.dedup_idle_linked_sectors,
-            self.kills_in_dedup_passes
+            self.kills_in_dedup_passes,
+            self.inline_cycles,
+            self.dedup_inline_linked_sectors
         )
     }
 }
 
 /// checkpoints, segments_reclaimed, cleaner_bytes_moved, log_bytes_written,
 /// merged_bytes, below_target_bytes, upgraded_bytes, dedup_idle_passes,
-/// dedup_idle_linked_sectors, dedup_idle_cursor of a running server.
-pub(crate) type Counters = [u64; 10];
+/// dedup_idle_linked_sectors, dedup_idle_cursor,
+/// dedup_inline_linked_sectors of a running server.
+pub(crate) type Counters = [u64; 11];

@@ -104,6 +104,12 @@ fn run_in(
             check_export(&c, o.size, plan.conns > 1)?;
             conns.push(c);
         }
+        // --dedup: every other cycle in dedup mode inline (set live, over
+        // the control socket), the others in mode idle.
+        let inline = o.dedup && cycle % 2 == 1;
+        if o.dedup {
+            set_dedup_live(o, &vol, &log, if inline { "inline" } else { "idle" })?;
+        }
         mark_log(&log, &format!("cycle {cycle}: {} connections", plan.conns));
         let before = counters(o, &vol, &log)?;
         let (inflight, after) = drive(&sync, o, cycle, &plan, conns, &mut server, &|| {
@@ -128,6 +134,8 @@ fn run_in(
             if after[9] > 0 {
                 g.t.kills_in_dedup_passes += 1;
             }
+            g.t.inline_cycles += u64::from(inline);
+            g.t.dedup_inline_linked_sectors += after[10].saturating_sub(before[10]);
             g.t.kills += 1;
             g.t.in_flight_at_kill += inflight;
             g.t.connections += plan.conns;
@@ -218,7 +226,31 @@ fn counters(o: &Options, vol: &Path, log: &Path) -> Result<Counters, String> {
         n("dedup_idle_passes"),
         n("dedup_idle_linked_sectors"),
         n("dedup_idle_cursor"),
+        n("dedup_inline_linked_sectors"),
     ])
+}
+
+/// `squeeze set CTL --dedup MODE` on the running server.
+fn set_dedup_live(o: &Options, vol: &Path, log: &Path, mode: &str) -> Result<(), String> {
+    let ctl = vol.with_extension("ctl");
+    let st = proc::run(
+        &o.bin,
+        &[
+            OsStr::new("set"),
+            ctl.as_os_str(),
+            OsStr::new("--dedup"),
+            OsStr::new(mode),
+        ],
+        log,
+    )?;
+    if !st.success() {
+        return Err(format!(
+            "squeeze set --dedup {mode} failed ({st}):
+{}",
+            proc::tail(log, 10)
+        ));
+    }
+    Ok(())
 }
 
 fn check_export(c: &Conn, size: u64, multi: bool) -> Result<(), String> {

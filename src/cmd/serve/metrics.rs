@@ -203,6 +203,24 @@ pub(super) fn prometheus(
         |s: &VolumeStats| s.dedup_idle_linked_sectors
     );
     m!(
+        "dedup_inline_linked_sectors_total",
+        "Client sectors the write path linked to shared content as they were written (dedup mode inline).",
+        "counter",
+        |s: &VolumeStats| s.dedup_inline_linked_sectors
+    );
+    m!(
+        "dedup_inline_mismatched_sectors_total",
+        "Written sectors the inline index named whose bytes differed from the source's (stored as usual).",
+        "counter",
+        |s: &VolumeStats| s.dedup_inline_mismatched_sectors
+    );
+    m!(
+        "dedup_inline_index_bytes",
+        "RAM of the inline deduplication index.",
+        "gauge",
+        |s: &VolumeStats| s.dedup_inline_index_bytes
+    );
+    m!(
         "blobs_compressed_total",
         "Blobs stored compressed.",
         "counter",

@@ -1,4 +1,4 @@
-//! The idle pass (dedup mode `idle`, docs/DEDUP.md): the maintenance
+//! The idle pass (dedup modes `idle` and `inline`, docs/DEDUP.md): the maintenance
 //! thread runs the deduplication pass (`pass::Pass`) while clients are
 //! idle, a step at a time.
 //!
@@ -25,7 +25,7 @@ use super::pass::{DedupReport, Pass};
 use crate::counters::Counter;
 use crate::error::Result;
 use crate::state::Inner;
-use squeeze_format::{DedupMode, SECTOR_SIZE};
+use squeeze_format::SECTOR_SIZE;
 use std::time::{Duration, Instant};
 
 /// A new pass begins once clients wrote a REARM_DIVISOR-th of the mapped
@@ -71,7 +71,7 @@ impl IdleDedup {
             let sb = inner.sb.lock();
             (sb.dedup, sb.version)
         };
-        if settings.mode != DedupMode::Idle || version < squeeze_format::DEDUP_VERSION {
+        if !settings.mode.idle_pass() || version < squeeze_format::DEDUP_VERSION {
             // Turned off: a pass under way is dropped.
             if self.pass.take().is_some() || c.get(Counter::DedupIdleCursor) != 0 {
                 c.set(Counter::DedupIdleCursor, 0);
@@ -79,7 +79,7 @@ impl IdleDedup {
             return Ok(IdleStep::Nothing);
         }
         inner.writable()?;
-        let Some(_one) = inner.dedup_lock.try_lock() else {
+        let Some(_one) = inner.dedup_lock.try_write() else {
             return Ok(IdleStep::Nothing);
         };
         if self.pass.is_none() {

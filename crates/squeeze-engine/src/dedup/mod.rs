@@ -11,11 +11,15 @@
 //! - `pass`: the pass that finds duplicates and shares them (`squeeze
 //!   compact --dedup`, `Volume::dedup`);
 //! - `idle`: the pass run by the maintenance thread while clients are
-//!   idle (dedup mode `idle`), a step at a time, resumed from a cursor;
+//!   idle (dedup modes `idle` and `inline`), a step at a time, resumed
+//!   from a cursor;
+//! - `inline`: the write path's sharing (dedup mode `inline`): each
+//!   written sector looked up in an index of recent content;
 //! - `orphans`: hidden addresses no sector refers to any more, zeroed.
 
 pub mod idle;
 pub(crate) mod index;
+pub(crate) mod inline;
 pub(crate) mod orphans;
 pub mod pass;
 

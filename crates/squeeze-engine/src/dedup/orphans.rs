@@ -58,7 +58,7 @@ pub(crate) fn zero(inner: &Inner) -> Result<u64> {
 /// pass zeroes what it leaves at its end; the maintenance thread must not
 /// wait for it, its checkpoints would wait too).
 pub(crate) fn zero_now(inner: &Inner) -> Result<u64> {
-    match inner.dedup_lock.try_lock() {
+    match inner.dedup_lock.try_write() {
         Some(_one) => zero(inner),
         None => Ok(0),
     }

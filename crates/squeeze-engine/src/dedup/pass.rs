@@ -76,7 +76,7 @@ pub(crate) fn pass(
     budget: u64,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<DedupReport> {
-    let _one = inner.dedup_lock.lock();
+    let _one = inner.dedup_lock.write();
     let mut p = Pass::new(inner, 0, budget);
     let done = p.run(inner, || false, &mut progress)?;
     debug_assert!(done, "a pass never told to stop runs to the end");
