@@ -49,6 +49,7 @@ impl Overlay {
         }
     }
 
+    #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.at.len()
     }
