@@ -623,6 +623,48 @@ mod tests {
         );
     }
 
+    /// Changes over every chunk crowd the chain's pieces: once a quarter
+    /// of the chunks are in `PIECES_MAX - 1` pieces and the map pages, a
+    /// base is due (`crowded`), before changed chunks can no longer go.
+    #[test]
+    fn changes_everywhere_crowd_the_map_before_it_sticks() {
+        let mut m = SectorMap::new();
+        let n = CHUNK_ENTRIES as u64;
+        let mut chain: Vec<Vec<MapRun>> = Vec::new();
+        for c in 0..8 {
+            m.set(c * n, blob(1 << 20, 1, 0)).unwrap();
+        }
+        m.freeze(true);
+        let mut base = Vec::new();
+        m.for_each_run(|_, _| Err(()), |run| base.push(run))
+            .unwrap();
+        chain.push(base);
+        m.note_base();
+        assert!(!m.crowded(), "nothing paged");
+        for k in 1..PIECES_MAX as u16 {
+            for c in 0..8 {
+                let lba = c * n + u64::from(k);
+                while let Err(Paged(c)) = m.set(lba, blob(2 << 20, 1, 0)) {
+                    let mut l = LoadedChunk::new(c);
+                    for &p in &m.paged_pieces(c).unwrap() {
+                        for run in &chain[usize::from(p)] {
+                            l.apply(*run);
+                        }
+                    }
+                    m.install(c, l).unwrap();
+                }
+            }
+            m.freeze(true);
+            let mut d = Vec::new();
+            m.delta_runs(|run| d.push(run));
+            chain.push(d);
+            m.note_delta(k);
+            assert_eq!(m.evict(0, 100, u64::MAX).chunks, 8);
+            // Each chunk is in the base and k deltas.
+            assert_eq!(m.crowded(), usize::from(k) + 2 >= PIECES_MAX, "{k} deltas");
+        }
+    }
+
     /// A changed chunk spread over as many pieces as the map tracks goes
     /// whole into the next delta, and is then in that piece alone.
     #[test]
