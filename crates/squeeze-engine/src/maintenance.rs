@@ -214,8 +214,10 @@ pub(crate) fn maintenance_loop(inner: &Arc<Inner>) {
             }
         }
         let since = inner.log.lock().bytes_since_checkpoint;
-        // Chunks changed since the last checkpoint cannot page out: when
-        // they hold the map over its cache, a checkpoint comes early.
+        // What changed since the last checkpoint stays in memory (the
+        // overlays of changed chunks paged out, and changed chunks that
+        // cannot page out): when it holds the map over its cache, a
+        // checkpoint comes early.
         let due = since >= CHECKPOINT_LOG_BYTES
             || (since >= PRESSURE_LOG_BYTES && pager::map_over_cache(inner));
         // Dead segments are freed by a checkpoint: while clients write, one

@@ -222,9 +222,9 @@ thread_local! {
     /// checkpoint (odd seeds), so that crashes land in new chains too.
     static REBASE_OFTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// This seed's volumes have no map cache (seed % 5 < 3): every chunk
-    /// that did not change since the last checkpoint pages out (as the map
-    /// loads at open, too), and every operation reads its chunks back from
-    /// the checkpoint chain.
+    /// pages out (as the map loads at open, too), one that changed since
+    /// the last checkpoint with its changed entries as its overlay, and
+    /// every operation reads its chunks back from the checkpoint chain.
     static PAGE_OUT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 

@@ -61,12 +61,18 @@ fn file_options() -> FileOptions {
 /// about 4 M buckets (16 M records at a quarter bucket each), so that the
 /// bound holds a large store without pressing a smaller one. Pressing is
 /// dear for this store: its puts are spread over every chunk of the map,
-/// so between two checkpoints nearly all chunks change and stay resident,
-/// and each put to a paged-out chunk reads it back under the state lock.
+/// and each operation on a paged-out chunk reads it back under the state
+/// lock.
 /// At 5 M records a 2 MiB cache took the load from 62 k to 28 k puts/s
 /// and YCSB A from 66 k to 17 k ops/s, and peak RSS did not fall (20 MiB
 /// after the load, 27 by the end of the run, against 22 and 23; one run
-/// each on a busy machine: docs/KV.md, "Memory").
+/// each on a busy machine: docs/KV.md, "Memory"). Since changed chunks
+/// page out with an overlay of their changed entries (session 25) a small
+/// cache does bound it (13.8 MiB peak with 3 MiB, about 1/8 of
+/// RocksDB's), but then nearly every operation reads a chunk back (5.06 M
+/// faults over the 5 M-record load, 1.03 M over 1 M operations of A): A
+/// fell to 8 k ops/s on a busy machine. Until a fault costs far less, the
+/// default keeps the benchmark's map (10.4 MiB) resident.
 pub const MAP_CACHE_DEFAULT: u64 = 32 << 20;
 
 /// How a store's own volume is made, beside its bucket count.

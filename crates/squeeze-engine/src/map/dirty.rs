@@ -5,8 +5,11 @@
 //! The handshake with a checkpoint: `freeze` takes the changes; when the
 //! superblock names the checkpoint, `note_base` or `note_delta` records
 //! which piece of the chain now holds each chunk; when it fails, `thaw`
-//! makes them changes again. Changed and frozen chunks are never paged out.
+//! makes them changes again. A changed or frozen chunk paged out keeps
+//! its marked sectors' entries as its overlay (`overlay`); once the chain
+//! holds the frozen ones, the overlay keeps only those still changed.
 
+use super::overlay::Overlay;
 use super::paging::{Pieces, PIECES_MAX};
 use super::SectorMap;
 use squeeze_format::CHUNK_ENTRIES;
@@ -60,8 +63,9 @@ impl SectorMap {
         for s in self.chunks.values_mut() {
             s.pieces = Pieces::only(0);
         }
-        for p in self.paged.values_mut() {
+        for (c, p) in self.paged.iter_mut() {
             p.pieces = Pieces::only(0);
+            prune(&mut self.overlay_bytes, &mut p.overlay, self.dirty.get(c));
         }
     }
 
@@ -69,13 +73,27 @@ impl SectorMap {
     /// chain: a chunk it covers whole is in that piece alone.
     pub fn note_delta(&mut self, k: u16) {
         for (c, bits) in std::mem::take(&mut self.frozen) {
-            if let Some(s) = self.chunks.get_mut(&c) {
-                if bits.iter().all(|&w| w == u64::MAX) {
-                    s.pieces = Pieces::only(k);
-                } else {
-                    s.pieces.add(k);
-                }
+            let whole = bits.iter().all(|&w| w == u64::MAX);
+            let resident = self.chunks.contains_key(&c);
+            let pieces = match self.chunks.get_mut(&c) {
+                Some(s) => &mut s.pieces,
+                None => match self.paged.get_mut(&c) {
+                    Some(p) => {
+                        prune(&mut self.overlay_bytes, &mut p.overlay, self.dirty.get(&c));
+                        &mut p.pieces
+                    }
+                    None => continue,
+                },
+            };
+            if whole {
+                *pieces = Pieces::only(k);
+            } else {
+                pieces.add(k);
             }
+            debug_assert!(
+                resident || pieces.list().is_some(),
+                "a paged-out chunk turned untracked"
+            );
         }
     }
 
@@ -85,6 +103,19 @@ impl SectorMap {
             .values()
             .map(|b| b.iter().map(|w| u64::from(w.count_ones())).sum::<u64>())
             .sum()
+    }
+}
+
+/// Keeps of a paged-out chunk's overlay the sectors still changed
+/// (`bits`), once the chain holds the others.
+fn prune(overlay_bytes: &mut u64, overlay: &mut Option<Box<Overlay>>, bits: Option<&DirtyBits>) {
+    if let Some(o) = overlay {
+        *overlay_bytes -= o.memory_bytes();
+        if o.retain(bits) {
+            *overlay_bytes += o.memory_bytes();
+        } else {
+            *overlay = None;
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 //! one concept a file, from the bottom up:
 //! - `chunk`: one chunk's entries, as runs or dense, and run arithmetic
 //! - `paging`: chunks paged out to the checkpoint chain and read back
+//! - `overlay`: the changed entries a changed chunk pages out with
 //! - `dirty`: what changed since the last checkpoint, and the handshake
 //!   with a checkpoint that takes it
 //! - `runs`: the map written as a checkpoint's runs (base, delta) and read
@@ -20,6 +21,7 @@
 
 mod chunk;
 mod dirty;
+mod overlay;
 pub mod paging;
 mod runs;
 
@@ -67,6 +69,8 @@ pub struct SectorMap {
     frozen: Dirty,
     /// Heap bytes of the resident chunks' own storage.
     chunk_bytes: u64,
+    /// Heap bytes of the paged-out chunks' overlays.
+    overlay_bytes: u64,
     /// The eviction clock's hand: the chunk it looks at next.
     hand: u64,
 }
@@ -282,12 +286,14 @@ impl SectorMap {
         self.mapped
     }
 
-    /// Bytes of RAM the map uses: resident chunks, paged-out chunks' slots,
-    /// and the record of what changed since the last checkpoint.
+    /// Bytes of RAM the map uses: resident chunks, paged-out chunks' slots
+    /// and overlays, and the record of what changed since the last
+    /// checkpoint.
     pub fn memory_bytes(&self) -> u64 {
         let dirty = (self.dirty.len() + self.frozen.len())
             * (std::mem::size_of::<DirtyBits>() + TREE_SLOT_BYTES);
         self.chunk_bytes
+            + self.overlay_bytes
             + self.chunks.len() as u64 * SLOT_BYTES
             + self.paged.len() as u64 * PAGED_SLOT_BYTES
             + dirty as u64

@@ -1,17 +1,22 @@
 //! Paging of map chunks out to the checkpoint chain and back.
 //!
-//! A resident chunk that did not change since the last checkpoint, and
-//! whose runs the chain holds in at most [`PIECES_MAX`] pieces, may be
-//! paged out (`evict`: a clock with a second chance): its entries are
-//! dropped from memory and only its totals (`PagedChunk`) and the pieces
-//! that hold it (`Pieces`) stay. A lookup that meets it answers
-//! [`Paged`]; the caller reads it back (`meta::pager` builds a
-//! [`LoadedChunk`] from its pieces) and `install`s it, checked against the
-//! totals it was paged out with.
+//! A resident chunk whose runs the chain holds in at most [`PIECES_MAX`]
+//! pieces may be paged out (`evict`: a clock with a second chance): its
+//! entries are dropped from memory and only its totals (`PagedChunk`), the
+//! pieces that hold it (`Pieces`) and, when it changed since the last
+//! checkpoint, the changed entries (`overlay`) stay. A lookup that meets
+//! it answers [`Paged`]; the caller reads it back (`meta::pager` builds a
+//! [`LoadedChunk`] from its pieces) and `install`s it: the overlay laid
+//! over it, then checked against the totals it was paged out with.
 //!
-//! Invariant: only tracked chunks (whose pieces are known) are paged out.
+//! Invariants: only tracked chunks (whose pieces are known) are paged out;
+//! a changed chunk only when its pieces, with the one or two the
+//! checkpoints that will take its changes add, stay within [`PIECES_MAX`]
+//! (so that it never turns untracked while paged out).
 
 use super::chunk::Chunk;
+use super::dirty::DirtyBits;
+use super::overlay::{marked, Overlay, OVERLAY_ENTRY_BYTES};
 use super::{SectorMap, Slot};
 use crate::error::ChunkMismatch;
 use squeeze_format::{MapEntry, MapRun, CHUNK_ENTRIES};
@@ -83,13 +88,19 @@ impl Pieces {
 
 /// A chunk paged out: what the map's totals and the next base need
 /// without reading it back.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(super) struct PagedChunk {
     pub(super) mapped: u16,
     /// Runs its base holds (`Chunk::for_each_run`), and its weight.
     pub(super) runs: u16,
     pub(super) pieces: Pieces,
+    /// The entries changed since the last checkpoint (`overlay`).
+    pub(super) overlay: Option<Box<Overlay>>,
 }
+
+/// A changed chunk pages out only when its overlay costs at most this
+/// share of what the chunk costs in memory (1/4).
+const OVERLAY_SHARE_MAX: u64 = 4;
 
 /// A chunk rebuilt from the checkpoint chain's runs (`meta::pager`), to be
 /// installed in the map or read through.
@@ -99,12 +110,14 @@ pub struct LoadedChunk {
 }
 
 impl LoadedChunk {
-    /// An empty chunk `c`.
+    /// An empty chunk `c`. Built dense (a run applied is a few stores,
+    /// where splicing a run list cost a fault an eighth of its time at
+    /// 5 M YCSB records); `install` keeps the cheaper form.
     pub fn new(c: u64) -> LoadedChunk {
         LoadedChunk {
             base: c * CHUNK_ENTRIES as u64,
-            chunk: Chunk::Runs {
-                runs: Vec::new(),
+            chunk: Chunk::Dense {
+                entries: Box::new([MapEntry::UNMAPPED; CHUNK_ENTRIES]),
                 mapped: 0,
             },
         }
@@ -137,6 +150,11 @@ impl LoadedChunk {
 
     pub fn for_each_run(&self, mut f: impl FnMut(MapRun)) {
         self.chunk.for_each_run(self.base, &mut f);
+    }
+
+    /// Sets chunk-relative sector `i` (an overlay's entry).
+    pub(super) fn set(&mut self, i: u16, e: MapEntry) {
+        self.chunk.set(i, e);
     }
 
     /// Mapped entries with their LBA.
@@ -182,6 +200,23 @@ impl SectorMap {
         }
     }
 
+    /// True when the map pages and at least a quarter of its chunks are
+    /// spread over `PIECES_MAX - 1` pieces or more (or untracked): a
+    /// changed chunk in that many can soon no longer page out (the deltas
+    /// that take its changes would spread it over more than
+    /// [`PIECES_MAX`]), so changes spread over the whole map (random
+    /// updates touch every chunk between two checkpoints) would hold it
+    /// all in memory. A base puts every chunk back in one piece.
+    pub fn crowded(&self) -> bool {
+        if self.paged.is_empty() {
+            return false;
+        }
+        let crowded = |p: &Pieces| p.list().is_none_or(|l| l.len() + 1 >= PIECES_MAX);
+        let n = self.chunks.values().filter(|s| crowded(&s.pieces)).count()
+            + self.paged.values().filter(|p| crowded(&p.pieces)).count();
+        4 * n >= self.chunk_count()
+    }
+
     /// The pieces a paged-out chunk is in (None when `c` is not paged out).
     pub fn paged_pieces(&self, c: u64) -> Option<Vec<u16>> {
         self.paged.get(&c).map(|p| {
@@ -190,6 +225,15 @@ impl SectorMap {
                 .expect("only tracked chunks are paged")
                 .to_vec()
         })
+    }
+
+    /// Chunk `c` as it is now, from `l`, its pieces read back: its
+    /// overlay, if it has one, laid over them.
+    pub fn with_overlay(&self, c: u64, mut l: LoadedChunk) -> LoadedChunk {
+        if let Some(o) = self.paged.get(&c).and_then(|p| p.overlay.as_ref()) {
+            o.apply(&mut l);
+        }
+        l
     }
 
     /// Resident chunks that did not change since the last checkpoint and
@@ -208,13 +252,16 @@ impl SectorMap {
             .collect()
     }
 
-    /// Puts a chunk read back from the chain in place of its paged-out
-    /// slot; refuses one that does not match what was paged out (the chain
+    /// Puts a chunk read back from the chain (its pieces, in chain order)
+    /// in place of its paged-out slot, with its overlay laid over it;
+    /// refuses one that does not then match what was paged out (the chain
     /// does not hold what the map wrote there).
     pub fn install(&mut self, c: u64, l: LoadedChunk) -> Result<(), ChunkMismatch> {
-        let Some(p) = self.paged.get(&c) else {
+        if !self.paged.contains_key(&c) {
             return Ok(()); // paged in meanwhile
-        };
+        }
+        let l = self.with_overlay(c, l);
+        let p = self.paged.get(&c).expect("checked above");
         let (mapped, runs) = (l.mapped(), l.runs());
         if mapped != u32::from(p.mapped) || runs != u64::from(p.runs) {
             return Err(ChunkMismatch {
@@ -226,6 +273,13 @@ impl SectorMap {
             });
         }
         let p = self.paged.remove(&c).expect("checked above");
+        let mut l = l;
+        if let Chunk::Dense { entries, .. } = l.chunk {
+            l.chunk = Chunk::from_dense(entries);
+        }
+        if let Some(o) = &p.overlay {
+            self.overlay_bytes -= o.memory_bytes();
+        }
         self.weight = self.weight + l.chunk.weight() - u64::from(p.runs);
         self.chunk_bytes += l.chunk.memory_bytes() as u64;
         self.chunks.insert(
@@ -241,8 +295,11 @@ impl SectorMap {
 
     /// Pages chunks out until the map uses at most `budget` bytes or the
     /// clock has looked at `looks` chunks: a chunk looked up since the hand
-    /// last passed gets a second chance; changed chunks (since the last
-    /// checkpoint, or taken by one in progress) stay. An untracked chunk is
+    /// last passed gets a second chance. A changed chunk (since the last
+    /// checkpoint, or taken by one in progress) goes with its changed
+    /// entries as its overlay, when they cost at most a quarter of the
+    /// chunk and the checkpoints that take them leave it in at most
+    /// [`PIECES_MAX`] pieces; otherwise it stays. An untracked chunk is
     /// marked changed whole, so that the next checkpoint writes it in one
     /// piece and it can go after that. Only chunks below chunk `below` are
     /// looked at (recovery pages out behind the piece it loads).
@@ -257,33 +314,52 @@ impl SectorMap {
                 None => break,
             };
             self.hand = c + 1;
-            if self.dirty.contains_key(&c) || self.frozen.contains_key(&c) {
-                continue;
-            }
+            let (dirty, frozen) = (self.dirty.get(&c), self.frozen.get(&c));
             let s = self.chunks.get(&c).expect("found above");
             if s.referenced.swap(false, Ordering::Relaxed) {
                 continue;
             }
+            let pending = usize::from(dirty.is_some()) + usize::from(frozen.is_some());
             match s.pieces.list() {
-                Some(p) if !p.is_empty() => {}
+                Some(p) if pending > 0 && p.len() + pending > PIECES_MAX => continue,
+                Some(p) if pending > 0 || !p.is_empty() => {}
+                _ if pending > 0 => continue,
                 _ => {
                     self.dirty.insert(c, [u64::MAX; CHUNK_ENTRIES / 64]);
                     done.rewrites += 1;
                     continue;
                 }
             }
+            let overlay = match (dirty, frozen) {
+                (None, None) => None,
+                (a, b) => {
+                    let mut bits: DirtyBits = [0; CHUNK_ENTRIES / 64];
+                    for src in [a, b].into_iter().flatten() {
+                        for (w, x) in bits.iter_mut().zip(src) {
+                            *w |= x;
+                        }
+                    }
+                    let cost = marked(&bits) as u64 * OVERLAY_ENTRY_BYTES * OVERLAY_SHARE_MAX;
+                    if cost > s.chunk.memory_bytes() as u64 {
+                        continue;
+                    }
+                    Some(Box::new(Overlay::take(&s.chunk, &bits)))
+                }
+            };
             let s = self.chunks.remove(&c).expect("found above");
             let mut runs = 0u64;
             s.chunk
                 .for_each_run(c * CHUNK_ENTRIES as u64, &mut |_| runs += 1);
             self.weight = self.weight - s.chunk.weight() + runs;
             self.chunk_bytes -= s.chunk.memory_bytes() as u64;
+            self.overlay_bytes += overlay.as_ref().map_or(0, |o| o.memory_bytes());
             self.paged.insert(
                 c,
                 PagedChunk {
                     mapped: s.chunk.mapped() as u16,
                     runs: runs as u16,
                     pieces: s.pieces,
+                    overlay,
                 },
             );
             done.chunks += 1;
@@ -398,6 +474,195 @@ mod tests {
             faults > 50 && evicted > 50,
             "{faults} faults, {evicted} evicted"
         );
+    }
+
+    /// Changed chunks page out with their overlay at any moment (between
+    /// changes, between a checkpoint's freeze and the superblock naming
+    /// it, after a checkpoint that failed), under a cache of nothing: the
+    /// map answers as a map that never pages, and the chain it wrote
+    /// rebuilds it.
+    #[test]
+    fn changed_chunks_page_out_with_their_overlay() {
+        let mut r = rand::rngs::StdRng::seed_from_u64(37);
+        let span = 10 * CHUNK_ENTRIES as u64;
+        let mut m = SectorMap::new();
+        let mut never = SectorMap::new();
+        let mut chain: Vec<Vec<MapRun>> = Vec::new();
+        let load = |chain: &Vec<Vec<MapRun>>, c: u64, pieces: &[u16]| {
+            let mut l = LoadedChunk::new(c);
+            for &k in pieces {
+                for run in &chain[usize::from(k)] {
+                    l.apply(*run);
+                }
+            }
+            l
+        };
+        let fault = |m: &mut SectorMap, chain: &Vec<Vec<MapRun>>, c: u64| {
+            let pieces = m.paged_pieces(c).unwrap();
+            m.install(c, load(chain, c, &pieces)).unwrap();
+        };
+        let (mut with_overlay, mut faults) = (0u64, 0u64);
+        for round in 0..120u64 {
+            for k in 0..r.gen_range(1..80u64) {
+                // Scattered single sectors (dense chunks), sometimes blobs.
+                let start = r.gen_range(0..span);
+                let n = if r.gen_range(0..4) == 0 {
+                    r.gen_range(1..=16u64).min(span - start)
+                } else {
+                    1
+                };
+                let trim = r.gen_range(0..8) == 0;
+                let mut i = 0;
+                while i < n {
+                    let e = if trim {
+                        MapEntry::UNMAPPED
+                    } else {
+                        blob((1 << 20) + (round * 100 + k) * 65600, n as u32, i as u32)
+                    };
+                    match m.set(start + i, e) {
+                        Ok(old) => {
+                            assert_eq!(old, never.set(start + i, e).unwrap());
+                            i += 1;
+                        }
+                        Err(Paged(c)) => {
+                            fault(&mut m, &chain, c);
+                            faults += 1;
+                        }
+                    }
+                }
+                if r.gen_range(0..10) == 0 {
+                    m.evict(0, 8, u64::MAX);
+                }
+            }
+            m.evict(0, 2 * m.chunk_count(), u64::MAX);
+            with_overlay += m.paged.values().filter(|p| p.overlay.is_some()).count() as u64;
+            // A checkpoint: freeze, the piece, chunks paged out meanwhile,
+            // then named (or failed: thawed).
+            let pressed = r.gen_range(0..2) == 0;
+            m.freeze(pressed);
+            never.freeze(false);
+            let base = round % 25 == 0;
+            let piece = if base {
+                let mut b = Vec::new();
+                m.for_each_run(|c, p| Ok::<_, ()>(load(&chain, c, p)), |run| b.push(run))
+                    .unwrap();
+                assert_eq!(b.len() as u64, m.base_runs());
+                b
+            } else {
+                let mut d = Vec::new();
+                m.delta_runs(|run| d.push(run));
+                d
+            };
+            m.evict(0, 2 * m.chunk_count(), u64::MAX);
+            let failed = r.gen_range(0..12) == 0;
+            if failed {
+                m.thaw();
+                never.thaw();
+            } else if base {
+                chain = vec![piece];
+                m.note_base();
+                never.note_base();
+            } else {
+                chain.push(piece);
+                m.note_delta((chain.len() - 1) as u16);
+                never.note_delta((chain.len() - 1) as u16);
+            }
+            if !failed {
+                // The chain holds the map as the checkpoint saw it.
+                let mut copy = SectorMap::new();
+                for (k, piece) in chain.iter().enumerate() {
+                    for run in piece {
+                        copy.apply_run(*run, Some(k as u16));
+                    }
+                }
+                assert_eq!(
+                    copy.iter_mapped().collect::<Vec<_>>(),
+                    never.iter_mapped().collect::<Vec<_>>(),
+                    "round {round}: the chain"
+                );
+            }
+            if r.gen_range(0..2) == 0 {
+                m.evict(0, 2 * m.chunk_count(), u64::MAX);
+            }
+            // Every answer as the map that never pages.
+            for l in 0..span {
+                let got = loop {
+                    match m.get(l) {
+                        Ok(e) => break e,
+                        Err(Paged(c)) => fault(&mut m, &chain, c),
+                    }
+                };
+                assert_eq!(got, never.get(l).unwrap(), "round {round}, sector {l}");
+            }
+            assert_eq!(m.mapped(), never.mapped());
+            // What the overlays cost is counted, and goes with them.
+            let counted: u64 = m
+                .paged
+                .values()
+                .filter_map(|p| p.overlay.as_ref())
+                .map(|o| o.memory_bytes())
+                .sum();
+            assert_eq!(m.overlay_bytes, counted);
+        }
+        // Page everything in: the map holds what never paged, and a base
+        // of it rebuilds it.
+        m.evict(0, 2 * m.chunk_count(), u64::MAX);
+        let mut copy = SectorMap::new();
+        m.for_each_run(
+            |c, p| Ok::<_, ()>(load(&chain, c, p)),
+            |run| copy.load_run(run),
+        )
+        .unwrap();
+        assert_eq!(
+            copy.iter_mapped().collect::<Vec<_>>(),
+            never.iter_mapped().collect::<Vec<_>>()
+        );
+        assert!(
+            with_overlay > 100 && faults > 100,
+            "{with_overlay} chunks paged out with an overlay, {faults} faults"
+        );
+    }
+
+    /// Changes over every chunk crowd the chain's pieces: once a quarter
+    /// of the chunks are in `PIECES_MAX - 1` pieces and the map pages, a
+    /// base is due (`crowded`), before changed chunks can no longer go.
+    #[test]
+    fn changes_everywhere_crowd_the_map_before_it_sticks() {
+        let mut m = SectorMap::new();
+        let n = CHUNK_ENTRIES as u64;
+        let mut chain: Vec<Vec<MapRun>> = Vec::new();
+        for c in 0..8 {
+            m.set(c * n, blob(1 << 20, 1, 0)).unwrap();
+        }
+        m.freeze(true);
+        let mut base = Vec::new();
+        m.for_each_run(|_, _| Err(()), |run| base.push(run))
+            .unwrap();
+        chain.push(base);
+        m.note_base();
+        assert!(!m.crowded(), "nothing paged");
+        for k in 1..PIECES_MAX as u16 {
+            for c in 0..8 {
+                let lba = c * n + u64::from(k);
+                while let Err(Paged(c)) = m.set(lba, blob(2 << 20, 1, 0)) {
+                    let mut l = LoadedChunk::new(c);
+                    for &p in &m.paged_pieces(c).unwrap() {
+                        for run in &chain[usize::from(p)] {
+                            l.apply(*run);
+                        }
+                    }
+                    m.install(c, l).unwrap();
+                }
+            }
+            m.freeze(true);
+            let mut d = Vec::new();
+            m.delta_runs(|run| d.push(run));
+            chain.push(d);
+            m.note_delta(k);
+            assert_eq!(m.evict(0, 100, u64::MAX).chunks, 8);
+            // Each chunk is in the base and k deltas.
+            assert_eq!(m.crowded(), usize::from(k) + 2 >= PIECES_MAX, "{k} deltas");
+        }
     }
 
     /// A changed chunk spread over as many pieces as the map tracks goes
@@ -519,13 +784,14 @@ mod tests {
             ]
         );
         assert_eq!(runs(&m, 4, 500).unwrap(), vec![]);
-        // Chunks 1..6 are in piece 0 and unchanged (chunk 0 changed: the
-        // set at 3); the clock looks only below chunk 4.
+        // Chunks 0..6 are in piece 0 (chunk 0 changed since: the set at 3
+        // goes with it as its overlay); the clock looks only below chunk 4.
         let out = m.evict(0, 100, 4);
-        assert_eq!(out.chunks, 3, "chunks 1, 2 and 3 (chunk 0 changed)");
-        assert_eq!(m.paged_count(), 3);
+        assert_eq!(out.chunks, 4, "chunks 0 to 3");
+        assert_eq!(m.paged_count(), 4);
+        assert_eq!(m.paged[&0].overlay.as_ref().map(|o| o.len()), Some(1));
         assert!(m.chunks.contains_key(&4) && m.chunks.contains_key(&5));
-        assert_eq!(runs(&m, 0, 10 * n), Err(Paged(1)));
+        assert_eq!(runs(&m, 0, 10 * n), Err(Paged(0)));
         assert_eq!(runs(&m, 4 * n, 6 * n).unwrap().len(), 2);
     }
 }

@@ -49,7 +49,7 @@ impl SectorMap {
                     f(r);
                 }
                 let pieces = p.pieces.list().expect("only tracked chunks are paged");
-                load(c, pieces)?.for_each_run(&mut f);
+                self.with_overlay(c, load(c, pieces)?).for_each_run(&mut f);
             }
             s.chunk.for_each_run(k * CHUNK_ENTRIES as u64, &mut |r| {
                 if let Some(done) = join(&mut pending, r) {
@@ -62,19 +62,24 @@ impl SectorMap {
         }
         for (&c, p) in paged {
             let pieces = p.pieces.list().expect("only tracked chunks are paged");
-            load(c, pieces)?.for_each_run(&mut f);
+            self.with_overlay(c, load(c, pieces)?).for_each_run(&mut f);
         }
         Ok(())
     }
 
     /// Calls `f` with the runs, mapped and unmapped, that cover the sectors
-    /// of the frozen changes, in LBA order (a checkpoint delta).
+    /// of the frozen changes, in LBA order (a checkpoint delta); a paged-out
+    /// chunk's come from its overlay.
     pub fn delta_runs(&self, mut f: impl FnMut(MapRun)) {
         let mut entries = [MapEntry::UNMAPPED; CHUNK_ENTRIES];
         for (&c, bits) in &self.frozen {
             let base = c * CHUNK_ENTRIES as u64;
-            debug_assert!(!self.paged.contains_key(&c), "a changed chunk is paged");
             let ch = self.chunks.get(&c).map(|s| &s.chunk);
+            let overlay = self.paged.get(&c).map(|p| {
+                p.overlay
+                    .as_deref()
+                    .expect("a changed chunk paged out has an overlay")
+            });
             let mut i = 0;
             while i < CHUNK_ENTRIES {
                 if !is_marked(bits, i) {
@@ -86,9 +91,16 @@ impl SectorMap {
                     i += 1;
                 }
                 let span = &mut entries[start..i];
-                match ch {
-                    Some(ch) => ch.get_range(start as u16, span),
-                    None => span.fill(MapEntry::UNMAPPED),
+                match (ch, overlay) {
+                    (Some(ch), _) => ch.get_range(start as u16, span),
+                    (None, Some(o)) => {
+                        for (j, e) in span.iter_mut().enumerate() {
+                            *e = o
+                                .get((start + j) as u16)
+                                .expect("an overlay holds every changed sector");
+                        }
+                    }
+                    (None, None) => span.fill(MapEntry::UNMAPPED),
                 }
                 group_runs(base + start as u64, span, true, &mut f);
             }

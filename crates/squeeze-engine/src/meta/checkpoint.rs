@@ -6,8 +6,11 @@
 //! the deltas add up to [`REBASE_FACTOR`] times the base (and at least
 //! [`REBASE_MIN_BYTES`]), so checkpoint bytes follow what clients change,
 //! not the size of the map, and recovery reads at most
-//! `1 + REBASE_FACTOR` times a base; and when `compact` asks for one
-//! ([`write_base_if_room`]).
+//! `1 + REBASE_FACTOR` times a base; when `compact` asks for one
+//! ([`write_base_if_room`]); and when the map pages and a quarter of its
+//! chunks are spread over nearly as many pieces as a paged-out chunk may
+//! be (`SectorMap::crowded`: changes all over the map would otherwise
+//! hold it in memory).
 //!
 //! Steps, and what a crash after each leaves:
 //! 1. Under the log lock, wait until every reserved record is installed,
@@ -99,13 +102,14 @@ fn wants_base(inner: &Inner) -> bool {
         let sb = inner.sb.lock();
         (sb.version, sb.checkpoint.len)
     };
-    let h = inner.ckpt_history.lock();
-    h.need_base
-        || version < CHAIN_VERSION
-        || len == 0
-        || h.delta_bytes >= (h.rebase_factor * h.base_bytes).max(h.rebase_min_bytes)
-        // The map numbers a chain's pieces in 16 bits.
-        || h.deltas + 1 >= u64::from(u16::MAX)
+    let due = {
+        let h = inner.ckpt_history.lock();
+        h.need_base
+            || h.delta_bytes >= (h.rebase_factor * h.base_bytes).max(h.rebase_min_bytes)
+            // The map numbers a chain's pieces in 16 bits.
+            || h.deltas + 1 >= u64::from(u16::MAX)
+    };
+    due || version < CHAIN_VERSION || len == 0 || inner.state.read().map.crowded()
 }
 
 /// Writes a checkpoint; with `clean`, also marks the volume cleanly closed.

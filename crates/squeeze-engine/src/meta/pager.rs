@@ -1,10 +1,11 @@
 //! Paging the sector map: when the map uses more RAM than its cache
-//! (`OpenOptions::map_cache`), chunks that did not change since the last
-//! checkpoint page out (`SectorMap::evict`: a clock with a second chance);
-//! the checkpoint chain already holds them, so paging out writes nothing.
+//! (`OpenOptions::map_cache`), chunks page out (`SectorMap::evict`: a
+//! clock with a second chance); the checkpoint chain already holds them as
+//! the last checkpoint saw them, so paging out writes nothing, and a chunk
+//! that changed since keeps its changed entries in memory (its overlay).
 //! A lookup that meets a paged-out chunk reads it back from the pieces of
 //! the chain it is in (`chain_index`: a few KiB per piece, each group of
-//! runs checked by a CRC) and installs it.
+//! runs checked by a CRC) and installs it, its overlay laid over it.
 //!
 //! A chunk is paged in under the state's write lock, I/O included: the
 //! chain cannot change meanwhile (a checkpoint names a new chain under the
@@ -293,7 +294,10 @@ fn entries_of(
             .map
             .chunk_entries(c)
             .map_err(|p| inner.internal(Internal::PagedTwice { chunk: p.0 })),
-        (Some(pieces), Some(chain)) => Ok(read_back_chunk(inner, chain, c, &pieces)?.entries()),
+        (Some(pieces), Some(chain)) => {
+            let back = read_back_chunk(inner, chain, c, &pieces)?;
+            Ok(st.map.with_overlay(c, back).entries())
+        }
         (Some(_), None) => Err(inner.internal(Internal::PagedWithoutChain { chunk: c })),
     }
 }
