@@ -63,7 +63,7 @@ pub(crate) struct Inner {
     pub dedup_lock: RwLock<()>,
     /// Dedup mode inline: whether it is on, and its index of recent
     /// content (`dedup::inline`).
-    pub inline: crate::dedup::inline::InlineDedup,
+    pub inline: crate::dedup::inline_state::InlineDedup,
     pub tickets: Tickets,
     /// Readers hold it shared from map lookup to the end of their read;
     /// freeing segments takes it exclusively, so no reader ever reads a

@@ -339,7 +339,7 @@ impl Volume {
             // deflate:1..=3), else the CPU pool.
             Arc::new(squeeze_codec::isal::default_engine(n))
         });
-        let inline = crate::dedup::inline::InlineDedup::new(sb.dedup);
+        let inline = crate::dedup::inline_state::InlineDedup::new(sb.dedup);
         let inner = Arc::new(Inner {
             storage,
             uuid: sb.uuid,

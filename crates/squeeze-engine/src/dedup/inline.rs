@@ -36,7 +36,7 @@
 //! whose Extent a crash lost leaves its sectors as they were, an Extent
 //! whose Links it lost is an orphan, zeroed later.
 
-use super::index::{fingerprint, Index, Loc};
+use super::index::{Index, Loc};
 use crate::append::Room;
 use crate::counters::Counter;
 use crate::error::{EngineError, Result};
@@ -46,10 +46,9 @@ use crate::pipeline::split::{sector_is_zero, Piece};
 use crate::read;
 use crate::space::make_room::append_making_room;
 use crate::state::Inner;
-use parking_lot::Mutex;
 use squeeze_codec::Algorithm;
-use squeeze_format::{DedupMode, DedupSettings, SECTOR_SIZE};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use squeeze_format::SECTOR_SIZE;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,63 +61,6 @@ const LOCK_WAIT: Duration = Duration::from_millis(10);
 /// The shortest run a write shares: a single sector is left to the idle
 /// pass, rather than cut the write's blobs (and its compression) around it.
 pub(crate) const MIN_RUN_SECTORS: usize = 2;
-
-/// The inline mode's state: whether it is on, its index (made at the
-/// first write, dropped when the mode or the budget changes).
-pub(crate) struct InlineDedup {
-    on: AtomicBool,
-    budget: AtomicU64,
-    index: Mutex<Option<Index>>,
-    /// Test hook (`Volume::debug_weak_inline_fingerprints`): fingerprints
-    /// cut to 2 bits, so that different contents collide.
-    weak: AtomicBool,
-}
-
-impl InlineDedup {
-    pub(crate) fn new(s: DedupSettings) -> InlineDedup {
-        InlineDedup {
-            on: AtomicBool::new(s.mode == DedupMode::Inline),
-            budget: AtomicU64::new(s.index_bytes()),
-            index: Mutex::new(None),
-            weak: AtomicBool::new(false),
-        }
-    }
-
-    /// The settings changed (`Volume::set_settings`): the index is
-    /// dropped unless the mode stays inline with the same budget.
-    pub(crate) fn configure(&self, s: DedupSettings) {
-        let on = s.mode == DedupMode::Inline;
-        let mut ix = self.index.lock();
-        if !on || self.budget.load(Ordering::Relaxed) != s.index_bytes() {
-            *ix = None;
-        }
-        self.budget.store(s.index_bytes(), Ordering::Relaxed);
-        self.on.store(on, Ordering::Release);
-    }
-
-    /// Whether writes go through [`share`].
-    pub(crate) fn on(&self) -> bool {
-        self.on.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn set_weak(&self, weak: bool) {
-        self.weak.store(weak, Ordering::Relaxed);
-    }
-
-    /// RAM of the index.
-    pub(crate) fn memory_bytes(&self) -> u64 {
-        self.index.lock().as_ref().map_or(0, Index::memory_bytes)
-    }
-
-    fn fingerprint(&self, s: &[u8]) -> u128 {
-        let fp = fingerprint(s);
-        if self.weak.load(Ordering::Relaxed) {
-            fp & 3
-        } else {
-            fp
-        }
-    }
-}
 
 /// What [`share`] did with a chunk: the sector ranges it left to the
 /// ordinary write path, and the fingerprints [`remember`] enters once

@@ -15,11 +15,13 @@
 //!   from a cursor;
 //! - `inline`: the write path's sharing (dedup mode `inline`): each
 //!   written sector looked up in an index of recent content;
+//! - `inline_state`: that mode's state in the volume (on, budget, index);
 //! - `orphans`: hidden addresses no sector refers to any more, zeroed.
 
 pub mod idle;
 pub(crate) mod index;
 pub(crate) mod inline;
+pub(crate) mod inline_state;
 pub(crate) mod orphans;
 pub mod pass;
 

@@ -9,16 +9,11 @@
 //! its marked sectors' entries as its overlay (`overlay`); once the chain
 //! holds the frozen ones, the overlay keeps only those still changed.
 
+use super::dirty_bits::DirtyBits;
 use super::overlay::Overlay;
 use super::paging::{Pieces, PIECES_MAX};
 use super::SectorMap;
 use squeeze_format::CHUNK_ENTRIES;
-use std::collections::BTreeMap;
-
-/// One bit per sector of a chunk.
-pub(super) type DirtyBits = [u64; CHUNK_ENTRIES / 64];
-/// Sectors changed since the last checkpoint, by chunk.
-pub(super) type Dirty = BTreeMap<u64, DirtyBits>;
 
 impl SectorMap {
     /// Takes the record of changes for a checkpoint: kept (`frozen`) until
@@ -117,14 +112,6 @@ fn prune(overlay_bytes: &mut u64, overlay: &mut Option<Box<Overlay>>, bits: Opti
             *overlay = None;
         }
     }
-}
-
-pub(super) fn mark(dirty: &mut Dirty, c: u64, i: u16) {
-    dirty.entry(c).or_insert([0; CHUNK_ENTRIES / 64])[usize::from(i / 64)] |= 1 << (i % 64);
-}
-
-pub(super) fn is_marked(bits: &DirtyBits, i: usize) -> bool {
-    bits[i / 64] & (1 << (i % 64)) != 0
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! - `chunk`: one chunk's entries, as runs or dense, and run arithmetic
 //! - `paging`: chunks paged out to the checkpoint chain and read back
 //! - `overlay`: the changed entries a changed chunk pages out with
+//! - `dirty_bits`: one bit per sector of a chunk, and the changes by chunk
 //! - `dirty`: what changed since the last checkpoint, and the handshake
 //!   with a checkpoint that takes it
 //! - `runs`: the map written as a checkpoint's runs (base, delta) and read
@@ -21,12 +22,13 @@
 
 mod chunk;
 mod dirty;
+mod dirty_bits;
 mod overlay;
 pub mod paging;
 mod runs;
 
 use chunk::Chunk;
-use dirty::{mark, Dirty, DirtyBits};
+use dirty_bits::{mark, Dirty, DirtyBits};
 use paging::{PagedChunk, Pieces};
 use squeeze_format::{MapEntry, MapRun, CHUNK_ENTRIES};
 use std::collections::BTreeMap;

@@ -15,8 +15,7 @@
 //! superblock, the overlay keeps only the sectors still marked `dirty`.
 
 use super::chunk::Chunk;
-use super::dirty::{is_marked, DirtyBits};
-use super::paging::LoadedChunk;
+use super::dirty_bits::{is_marked, marked, DirtyBits};
 use squeeze_format::{MapEntry, CHUNK_ENTRIES};
 
 /// Changed entries of a paged-out chunk, by sector.
@@ -64,11 +63,10 @@ impl Overlay {
         self.at.binary_search(&i).ok().map(|k| self.entries[k])
     }
 
-    /// Lays the entries over a chunk rebuilt from the chain.
-    pub(super) fn apply(&self, l: &mut LoadedChunk) {
-        for (&i, &e) in self.at.iter().zip(self.entries.iter()) {
-            l.set(i, e);
-        }
+    /// The entries it holds, by chunk-relative sector, to lay over a chunk
+    /// rebuilt from the chain (`paging`).
+    pub(super) fn entries(&self) -> impl Iterator<Item = (u16, MapEntry)> + '_ {
+        self.at.iter().copied().zip(self.entries.iter().copied())
     }
 
     /// Keeps only the sectors `bits` marks (None: none); returns false when
@@ -86,11 +84,6 @@ impl Overlay {
         }
         !self.at.is_empty()
     }
-}
-
-/// Sectors `bits` marks.
-pub(super) fn marked(bits: &DirtyBits) -> usize {
-    bits.iter().map(|w| w.count_ones() as usize).sum()
 }
 
 #[cfg(test)]
@@ -116,9 +109,9 @@ mod tests {
         assert_eq!(o.get(7), Some(blob(1 << 20, 1, 0)));
         assert_eq!(o.get(8), Some(MapEntry::UNMAPPED));
         assert_eq!(o.get(9), None);
-        let mut l = LoadedChunk::new(0);
-        o.apply(&mut l);
-        assert_eq!(l.mapped(), 2);
+        let laid: Vec<(u16, MapEntry)> = o.entries().collect();
+        assert_eq!(laid.iter().filter(|(_, e)| e.is_mapped()).count(), 2);
+        assert_eq!(laid[0].0, 0);
         let mut keep: DirtyBits = [0; CHUNK_ENTRIES / 64];
         keep[0] |= 1 << 8;
         assert!(o.retain(Some(&keep)));

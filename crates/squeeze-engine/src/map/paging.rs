@@ -15,8 +15,8 @@
 //! (so that it never turns untracked while paged out).
 
 use super::chunk::Chunk;
-use super::dirty::DirtyBits;
-use super::overlay::{marked, Overlay, OVERLAY_ENTRY_BYTES};
+use super::dirty_bits::{marked, DirtyBits};
+use super::overlay::{Overlay, OVERLAY_ENTRY_BYTES};
 use super::{SectorMap, Slot};
 use crate::error::ChunkMismatch;
 use squeeze_format::{MapEntry, MapRun, CHUNK_ENTRIES};
@@ -231,7 +231,9 @@ impl SectorMap {
     /// overlay, if it has one, laid over them.
     pub fn with_overlay(&self, c: u64, mut l: LoadedChunk) -> LoadedChunk {
         if let Some(o) = self.paged.get(&c).and_then(|p| p.overlay.as_ref()) {
-            o.apply(&mut l);
+            for (i, e) in o.entries() {
+                l.set(i, e);
+            }
         }
         l
     }

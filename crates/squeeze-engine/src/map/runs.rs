@@ -6,7 +6,7 @@
 //! changes.
 
 use super::chunk::{follows, group_runs, join, Chunk, Run, RUNS_MAX};
-use super::dirty::is_marked;
+use super::dirty_bits::is_marked;
 use super::paging::{LoadedChunk, Pieces};
 use super::{split, SectorMap, Slot};
 use squeeze_format::{MapEntry, MapRun, CHUNK_ENTRIES};
