@@ -7,30 +7,11 @@
 mod common;
 use common::*;
 use rand::Rng;
-use squeeze_engine::{storage::Storage, Volume, SECTOR_SIZE};
+use squeeze_engine::{storage::Storage, SECTOR_SIZE};
 use std::sync::Arc;
 
 const S: u64 = SECTOR_SIZE as u64;
 const BUDGET: u64 = 16 << 20;
-
-fn read(v: &Volume, at: u64, len: usize) -> Vec<u8> {
-    let mut b = vec![0u8; len];
-    v.read(at, &mut b).unwrap();
-    b
-}
-
-fn check(v: &Volume, model: &[u8]) {
-    assert!(
-        read(v, 0, model.len()) == model,
-        "the volume reads other bytes than were written"
-    );
-    v.verify_accounting().unwrap();
-}
-
-fn write(v: &Volume, model: &mut [u8], at: u64, d: &[u8]) {
-    v.write(at, d, false).unwrap();
-    model[at as usize..at as usize + d.len()].copy_from_slice(d);
-}
 
 #[test]
 fn shares_copies_and_reads_them_back() {
@@ -42,10 +23,10 @@ fn shares_copies_and_reads_them_back() {
     // 3 sectors), and unique data around it.
     let a = data(&mut r, 3, 1 << 20);
     for at in [0, 8 << 20, (16 << 20) + 3 * S] {
-        write(&v, &mut model, at, &a);
+        write_model(&v, &mut model, at, &a);
     }
     let u = data(&mut r, 3, 2 << 20);
-    write(&v, &mut model, 4 << 20, &u);
+    write_model(&v, &mut model, 4 << 20, &u);
     v.flush().unwrap();
     let before = v.stats();
     let rep = v.dedup(BUDGET, |_, _| {}).unwrap();
@@ -53,7 +34,7 @@ fn shares_copies_and_reads_them_back() {
     assert_eq!(rep.sectors_promoted, 256, "{rep:?}");
     assert_eq!(rep.sectors_linked, 3 * 256, "{rep:?}");
     assert_eq!(rep.sectors_mismatched, 0);
-    check(&v, &model);
+    check_model(&v, &model);
     // Honest stats: the same client bytes mapped, two copies saved, and
     // compression's ratio told apart from deduplication's.
     let st = v.stats();
@@ -66,7 +47,7 @@ fn shares_copies_and_reads_them_back() {
     assert!(st.data_reduction_ratio > st.compression_ratio);
     // The copies' records are garbage now: compact gives their room back.
     v.compact(|_, _| {}).unwrap();
-    check(&v, &model);
+    check_model(&v, &model);
     let after = v.stats();
     assert!(
         after.stored_bytes * 10 < before.stored_bytes * 7,
@@ -84,41 +65,41 @@ fn shares_copies_and_reads_them_back() {
 
     // Overwrites and trims of shared sectors: the others keep the content.
     let d = data(&mut r, 1, 64 << 10);
-    write(&v, &mut model, 8 << 20, &d);
+    write_model(&v, &mut model, 8 << 20, &d);
     v.trim(S * 10, S * 20, false).unwrap();
     model[10 * S as usize..30 * S as usize].fill(0);
-    check(&v, &model);
+    check_model(&v, &model);
     // The whole content overwritten everywhere: its hidden record goes.
     for at in [0, 8 << 20, (16 << 20) + 3 * S] {
         let d = data(&mut r, 3, 1 << 20);
-        write(&v, &mut model, at, &d);
+        write_model(&v, &mut model, at, &d);
     }
     let rep = v.dedup(BUDGET, |_, _| {}).unwrap();
     assert!(rep.orphans_zeroed >= 256, "{rep:?}");
-    check(&v, &model);
+    check_model(&v, &model);
 
     // A reopen rebuilds the references from the checkpoint and the log.
     let a2 = data(&mut r, 2, 256 << 10);
-    write(&v, &mut model, 20 << 20, &a2);
-    write(&v, &mut model, 24 << 20, &a2);
+    write_model(&v, &mut model, 20 << 20, &a2);
+    write_model(&v, &mut model, 24 << 20, &a2);
     v.dedup(BUDGET, |_, _| {}).unwrap();
     v.checkpoint().unwrap();
-    write(&v, &mut model, 28 << 20, &a2);
+    write_model(&v, &mut model, 28 << 20, &a2);
     v.dedup(BUDGET, |_, _| {}).unwrap();
     v.flush().unwrap();
     drop(v);
     let v = reopen(&s);
-    check(&v, &model);
+    check_model(&v, &model);
     v.close().unwrap();
     let v = reopen(&s);
-    check(&v, &model);
+    check_model(&v, &model);
     // Shared content lies past the volume's end: a shrink over free space
     // is not refused for it, and a grow leaves it alone.
     v.trim(30 << 20, 2 << 20, false).unwrap();
     v.resize(30 << 20).unwrap();
     v.resize(size).unwrap();
     model[30 << 20..].fill(0);
-    check(&v, &model);
+    check_model(&v, &model);
 }
 
 /// Content repeated inside one window, and a fingerprint index too small
@@ -131,30 +112,30 @@ fn small_index_and_repeats_inside_a_window() {
     let mut model = vec![0u8; size as usize];
     let block = data(&mut r, 1, SECTOR_SIZE);
     for k in 0..40u64 {
-        write(&v, &mut model, k * S, &block);
+        write_model(&v, &mut model, k * S, &block);
     }
     let far = data(&mut r, 3, 512 << 10);
-    write(&v, &mut model, 1 << 20, &far);
-    write(&v, &mut model, 12 << 20, &far);
+    write_model(&v, &mut model, 1 << 20, &far);
+    write_model(&v, &mut model, 12 << 20, &far);
     // Unique data between the copies.
-    write(&v, &mut model, 4 << 20, &data(&mut r, 3, 6 << 20));
+    write_model(&v, &mut model, 4 << 20, &data(&mut r, 3, 6 << 20));
     // An index of a few entries (8 chapters of 3), sampling at its most:
     // the far copy is forgotten by the time its twin is read.
     let rep = v.dedup(8 * 4 * 17, |_, _| {}).unwrap();
     assert_eq!(rep.index_sample, 32, "{rep:?}");
     assert!(rep.index_evicted > 0, "{rep:?}");
-    check(&v, &model);
+    check_model(&v, &model);
     let rep = v.dedup(BUDGET, |_, _| {}).unwrap();
     assert!(rep.sectors_linked >= 128, "{rep:?}");
-    check(&v, &model);
+    check_model(&v, &model);
     // Random writes racing nothing here, but many small overwrites after.
     for _ in 0..200 {
         let lba = r.gen_range(0..size / S);
         let d = data(&mut r, 3, SECTOR_SIZE);
-        write(&v, &mut model, lba * S, &d);
+        write_model(&v, &mut model, lba * S, &d);
     }
     v.dedup(BUDGET, |_, _| {}).unwrap();
-    check(&v, &model);
+    check_model(&v, &model);
 }
 
 /// An index too small for the volume samples its fingerprints (1 in 16
@@ -172,11 +153,11 @@ fn a_sparse_index_finds_runs_from_their_hooks() {
     for c in 0..16u64 {
         let len = (16 + 16 * c as usize) * SECTOR_SIZE;
         let d = data(&mut r, 3, len);
-        write(&v, &mut model, c * (1 << 20), &d);
-        write(&v, &mut model, (32 << 20) + c * (1 << 20) + (c % 7) * S, &d);
+        write_model(&v, &mut model, c * (1 << 20), &d);
+        write_model(&v, &mut model, (32 << 20) + c * (1 << 20) + (c % 7) * S, &d);
         copied += len as u64 / S;
     }
-    write(&v, &mut model, 16 << 20, &data(&mut r, 3, 8 << 20));
+    write_model(&v, &mut model, 16 << 20, &data(&mut r, 3, 8 << 20));
     let mapped = v.stats().mapped_bytes / S;
     // A budget of about an eighth of the mapped sectors' entries (tables
     // of a power of two slots: 1 in 16 kept here).
@@ -192,7 +173,7 @@ fn a_sparse_index_finds_runs_from_their_hooks() {
         rep.sectors_promoted
     );
     assert!(rep.index_entries * 6 <= mapped, "{rep:?}");
-    check(&v, &model);
+    check_model(&v, &model);
 }
 
 /// A damaged shared record: `check` names every client sector sharing it,

@@ -13,25 +13,6 @@ use std::sync::Arc;
 
 const S: u64 = SECTOR_SIZE as u64;
 
-fn read(v: &Volume, at: u64, len: usize) -> Vec<u8> {
-    let mut b = vec![0u8; len];
-    v.read(at, &mut b).unwrap();
-    b
-}
-
-fn check(v: &Volume, model: &[u8]) {
-    assert!(
-        read(v, 0, model.len()) == model,
-        "the volume reads other bytes than were written"
-    );
-    v.verify_accounting().unwrap();
-}
-
-fn write(v: &Volume, model: &mut [u8], at: u64, d: &[u8]) {
-    v.write(at, d, false).unwrap();
-    model[at as usize..at as usize + d.len()].copy_from_slice(d);
-}
-
 fn mode(m: DedupMode) -> SettingsChange {
     SettingsChange {
         dedup: Some(DedupSettings {
@@ -59,57 +40,57 @@ fn copies_share_and_read_back_through_overwrites_trims_and_reopens() {
     let sectors = a.len() as u64 / S;
     // The first copy is stored; the second promotes it (both linked to
     // one copy at hidden addresses); the third links to that copy.
-    write(&v, &mut model, 0, &a);
+    write_model(&v, &mut model, 0, &a);
     assert_eq!(v.stats().dedup_linked_sectors, 0);
-    write(&v, &mut model, 8 << 20, &a);
+    write_model(&v, &mut model, 8 << 20, &a);
     let st = v.stats();
     assert_eq!(st.dedup_inline_linked_sectors, sectors);
     assert_eq!(st.dedup_linked_sectors, 2 * sectors);
     assert_eq!(st.dedup_shared_writes, sectors);
-    write(&v, &mut model, 16 << 20, &a);
+    write_model(&v, &mut model, 16 << 20, &a);
     let st = v.stats();
     assert_eq!(st.dedup_inline_linked_sectors, 2 * sectors);
     assert_eq!(st.dedup_shared_writes, sectors, "the third copy is linked");
     assert_eq!(st.dedup_saved_bytes, 2 * sectors * S);
     assert!(st.dedup_inline_index_bytes > 0);
-    check(&v, &model);
+    check_model(&v, &model);
     // Overwrite part of one copy, trim part of another: the rest still
     // reads the shared content.
     let b = data(&mut r, 2, 256 << 10);
-    write(&v, &mut model, (8 << 20) + (64 << 10), &b);
+    write_model(&v, &mut model, (8 << 20) + (64 << 10), &b);
     v.trim(16 << 20, 128 << 10, false).unwrap();
     model[16 << 20..(16 << 20) + (128 << 10)].fill(0);
-    check(&v, &model);
+    check_model(&v, &model);
     // A copy of part of the content, at an offset that is not a multiple
     // of the run: linked to the hidden addresses in the middle.
     let part = &a[(100 << 12)..(100 << 12) + (512 << 10)];
-    write(&v, &mut model, 24 << 20, part);
+    write_model(&v, &mut model, 24 << 20, part);
     assert_eq!(
         v.stats().dedup_inline_linked_sectors,
         2 * sectors + part.len() as u64 / S
     );
-    check(&v, &model);
+    check_model(&v, &model);
     v.flush().unwrap();
     v.close().unwrap();
     let v = reopen(&s);
     assert_eq!(v.dedup_settings().mode, DedupMode::Inline);
-    check(&v, &model);
+    check_model(&v, &model);
     // After the reopen the index starts empty: a copy of a copy is found
     // again once written twice.
-    write(&v, &mut model, 28 << 20, &b);
-    write(&v, &mut model, 30 << 20, &b);
+    write_model(&v, &mut model, 28 << 20, &b);
+    write_model(&v, &mut model, 30 << 20, &b);
     assert!(v.stats().dedup_inline_linked_sectors >= b.len() as u64 / S);
     // Every sharer of a content overwritten: its hidden copy is an orphan
     // (zeroed by a pass or the maintenance thread).
     for at in [0u64, 8 << 20, 16 << 20, 24 << 20] {
         let z = data(&mut r, 1, 1 << 20);
-        write(&v, &mut model, at, &z);
+        write_model(&v, &mut model, at, &z);
     }
     v.compact(|_, _| {}).unwrap();
-    check(&v, &model);
+    check_model(&v, &model);
     v.close().unwrap();
     let v = reopen(&s);
-    check(&v, &model);
+    check_model(&v, &model);
     assert!(squeeze_engine::check::check(&v, |_, _| {}).is_clean());
 }
 
@@ -121,7 +102,7 @@ fn a_fingerprint_found_again_with_other_bytes_is_not_linked() {
     let mut r = rng(5);
     for i in 0..16u64 {
         let d = data(&mut r, 1, 1 << 20);
-        write(&v, &mut model, i << 20, &d);
+        write_model(&v, &mut model, i << 20, &d);
     }
     let st = v.stats();
     assert!(
@@ -129,14 +110,14 @@ fn a_fingerprint_found_again_with_other_bytes_is_not_linked() {
         "no candidate was refused: the hook did not collide"
     );
     assert_eq!(st.dedup_linked_sectors, 0, "different content was linked");
-    check(&v, &model);
+    check_model(&v, &model);
     // With real fingerprints again, copies share.
     v.debug_weak_inline_fingerprints(false);
     let a = data(&mut r, 1, 1 << 20);
-    write(&v, &mut model, 20 << 20, &a);
-    write(&v, &mut model, 24 << 20, &a);
+    write_model(&v, &mut model, 20 << 20, &a);
+    write_model(&v, &mut model, 24 << 20, &a);
     assert_eq!(v.stats().dedup_inline_linked_sectors, (1 << 20) / S);
-    check(&v, &model);
+    check_model(&v, &model);
 }
 
 #[test]
@@ -145,17 +126,17 @@ fn a_write_of_one_blob_is_shared_whole_or_not_at_all() {
     let blob = v.superblock().policy.max_blob as usize;
     let mut r = rng(9);
     let a = data(&mut r, 1, 4 * blob);
-    write(&v, &mut model, 0, &a);
+    write_model(&v, &mut model, 0, &a);
     // One blob whose first half is a copy and second half new: stored
     // whole (one record, atomic across a crash).
     let mut mixed = a[..blob / 2].to_vec();
     mixed.extend(data(&mut r, 1, blob / 2));
-    write(&v, &mut model, 8 << 20, &mixed);
+    write_model(&v, &mut model, 8 << 20, &mixed);
     assert_eq!(v.stats().dedup_linked_sectors, 0);
     // One blob that is all a copy: shared.
-    write(&v, &mut model, 9 << 20, &a[blob..2 * blob]);
+    write_model(&v, &mut model, 9 << 20, &a[blob..2 * blob]);
     assert_eq!(v.stats().dedup_inline_linked_sectors, blob as u64 / S);
-    check(&v, &model);
+    check_model(&v, &model);
 }
 
 #[test]
@@ -178,7 +159,7 @@ fn modes_off_and_idle_share_nothing_as_they_write_and_inline_runs_the_idle_pass(
     let a = data(&mut r, 3, 512 << 10);
     let mut twice = a.clone();
     twice.extend_from_slice(&a);
-    write(&v, &mut model, 0, &twice);
+    write_model(&v, &mut model, 0, &twice);
     assert_eq!(v.stats().dedup_linked_sectors, 0);
     v.flush().unwrap();
     let rep = loop {
@@ -189,12 +170,12 @@ fn modes_off_and_idle_share_nothing_as_they_write_and_inline_runs_the_idle_pass(
         }
     };
     assert!(rep.sectors_linked > 0);
-    check(&v, &model);
+    check_model(&v, &model);
     // Turned off: writes store copies again, and the index is given back.
     v.set_settings(mode(DedupMode::Off)).unwrap();
     assert_eq!(v.stats().dedup_inline_index_bytes, 0);
     let linked = v.stats().dedup_linked_sectors;
-    write(&v, &mut model, 4 << 20, &a);
+    write_model(&v, &mut model, 4 << 20, &a);
     assert_eq!(v.stats().dedup_linked_sectors, linked);
-    check(&v, &model);
+    check_model(&v, &model);
 }

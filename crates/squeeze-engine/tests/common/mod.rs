@@ -111,3 +111,25 @@ impl squeeze_engine::pipeline::headroom::BusySource for Busy {
         Some(self.0)
     }
 }
+
+/// `len` bytes read back from `at`.
+pub fn read_back(v: &Volume, at: u64, len: usize) -> Vec<u8> {
+    let mut b = vec![0u8; len];
+    v.read(at, &mut b).unwrap();
+    b
+}
+
+/// The volume reads back exactly `model` from 0, and its accounting holds.
+pub fn check_model(v: &Volume, model: &[u8]) {
+    assert!(
+        read_back(v, 0, model.len()) == model,
+        "the volume reads other bytes than were written"
+    );
+    v.verify_accounting().unwrap();
+}
+
+/// Writes `d` at `at` and into `model`.
+pub fn write_model(v: &Volume, model: &mut [u8], at: u64, d: &[u8]) {
+    v.write(at, d, false).unwrap();
+    model[at as usize..at as usize + d.len()].copy_from_slice(d);
+}
