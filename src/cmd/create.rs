@@ -1,4 +1,4 @@
-//! `squeeze create PATH --size SIZE [policy] [--dedup off|idle]
+//! `squeeze create PATH --size SIZE [policy] [--dedup off|idle|inline]
 //! [--dedup-index MIB]`: a new, empty, thin volume.
 
 use crate::dedup_args::{dedup_text, DedupArgs};

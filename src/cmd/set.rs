@@ -1,5 +1,5 @@
 //! `squeeze set PATH|SOCKET [--volume NAME] [policy] [--max-physical SIZE]
-//! [--dedup off|idle] [--dedup-index MIB] [--burst-floor raw|lz4]`: change
+//! [--dedup off|idle|inline] [--dedup-index MIB] [--burst-floor raw|lz4]`: change
 //! the policy for future writes (as `ceph osd pool set` does; data already
 //! written keeps its codec), the cap on the backing file and the
 //! deduplication settings (docs/DEDUP.md), on a volume file or, through its
