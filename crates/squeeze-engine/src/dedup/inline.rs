@@ -37,14 +37,12 @@
 //! whose Links it lost is an orphan, zeroed later.
 
 use super::index::{Index, Loc};
-use crate::append::Room;
+use super::share;
 use crate::counters::Counter;
 use crate::error::{EngineError, Result};
-use crate::pipeline::compress::{encode, Item};
 use crate::pipeline::policy::{ActivePolicy, Hint};
-use crate::pipeline::split::{sector_is_zero, Piece};
+use crate::pipeline::split::sector_is_zero;
 use crate::read;
-use crate::space::make_room::append_making_room;
 use crate::state::Inner;
 use squeeze_codec::Algorithm;
 use squeeze_format::SECTOR_SIZE;
@@ -249,13 +247,7 @@ fn link_to_shared(inner: &Inner, x: u64, h: u64, run: &[u8]) -> Result<Tried> {
     if !same(read::read_sectors(inner, h, &mut held), &held, run)? {
         return Ok(Tried::Differ);
     }
-    let k = (run.len() / SECTOR_SIZE) as u32;
-    let link = [Item::Link {
-        lba: x,
-        sectors: k,
-        target: h,
-    }];
-    append_making_room(inner, &link, &[], Room::Dedup)?;
+    share::link(inner, &[x], (run.len() / SECTOR_SIZE) as u64, h)?;
     Ok(Tried::Linked(h))
 }
 
@@ -289,33 +281,8 @@ fn promote(
     if !same(read::read_sectors(inner, y, &mut held), &held, run)? {
         return Ok(Tried::Differ);
     }
-    let h = inner.state.write().shared.allocate(k);
     // Blobs of at most max_blob sectors, as the write's own would be.
-    let max_blob = u64::from(policy.max_blob_sectors());
-    let pieces: Vec<Piece> = (0..k)
-        .step_by(max_blob as usize)
-        .map(|q| Piece::Data {
-            lba: h + q,
-            sectors: (k - q).min(max_blob) as u32,
-            start: q as usize * SECTOR_SIZE,
-        })
-        .collect();
-    let (blob, cpu_ns) = encode(&*inner.engine, policy, codec, hint, run, buf, &pieces);
-    inner.counters.add(Counter::CompressNs, cpu_ns);
-    append_making_room(inner, &blob, run, Room::Dedup)?;
-    let links = [
-        Item::Link {
-            lba: x,
-            sectors: k as u32,
-            target: h,
-        },
-        Item::Link {
-            lba: y,
-            sectors: k as u32,
-            target: h,
-        },
-    ];
-    append_making_room(inner, &links, &[], Room::Dedup)?;
+    let h = share::promote(inner, policy, (codec, hint, buf), run, &[x, y])?;
     Ok(Tried::Linked(h))
 }
 

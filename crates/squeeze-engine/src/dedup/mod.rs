@@ -16,6 +16,8 @@
 //! - `inline`: the write path's sharing (dedup mode `inline`): each
 //!   written sector looked up in an index of recent content;
 //! - `inline_state`: that mode's state in the volume (on, budget, index);
+//! - `share`: the records of a share (content at hidden addresses, Links),
+//!   for the pass and the inline path;
 //! - `orphans`: hidden addresses no sector refers to any more, zeroed.
 
 pub mod idle;
@@ -24,6 +26,7 @@ pub(crate) mod inline;
 pub(crate) mod inline_state;
 pub(crate) mod orphans;
 pub mod pass;
+pub(crate) mod share;
 
 pub use idle::IdleStep;
 pub use pass::DedupReport;

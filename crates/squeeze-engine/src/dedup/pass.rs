@@ -32,14 +32,11 @@
 //! the next pass zeroes.
 
 use super::index::{fingerprint, Index, Loc};
-use crate::append::Room;
+use super::share;
 use crate::error::{EngineError, Result};
 use crate::meta::pager;
-use crate::pipeline::compress::{encode, Item};
 use crate::pipeline::policy::{ActivePolicy, Hint};
-use crate::pipeline::split::Piece;
 use crate::read;
-use crate::space::make_room::append_making_room;
 use crate::state::Inner;
 use squeeze_format::{MapEntry, SECTOR_SIZE, SHARED_BASE, SHARED_SECTORS};
 
@@ -384,13 +381,7 @@ fn align(inner: &Inner, first: u64, n: usize, from: usize, d: Delta) -> Result<O
 /// `run`) to the hidden addresses from `h`, which the caller found holding
 /// the same bytes under the dedup lock.
 fn link_to_shared(inner: &Inner, x: u64, h: u64, run: &[u8]) -> Result<Option<(u64, bool)>> {
-    let k = (run.len() / SECTOR_SIZE) as u32;
-    let links = [Item::Link {
-        lba: x,
-        sectors: k,
-        target: h,
-    }];
-    append_making_room(inner, &links, &[], Room::Dedup)?;
+    share::link(inner, &[x], (run.len() / SECTOR_SIZE) as u64, h)?;
     Ok(Some((h, false)))
 }
 
@@ -416,42 +407,13 @@ fn promote(
         Ok(()) | Err(EngineError::Corrupt { .. } | EngineError::Codec { .. }) => return Ok(None),
         Err(e) => return Err(e),
     }
-    let h = inner.state.write().shared.allocate(k);
-    let piece = [Piece::Data {
-        lba: h,
-        sectors: k as u32,
-        start: 0,
-    }];
     // Block payloads once the superblock allows them (format 6), as the
-    // merger does.
+    // merger does; one blob (the run lies within a window of max_blob
+    // sectors).
     let blocks = inner
         .block_payloads
         .load(std::sync::atomic::Ordering::Acquire);
-    let (blob, cpu_ns) = encode(
-        &*inner.engine,
-        policy,
-        (policy.algorithm, blocks),
-        Hint::None,
-        run,
-        None,
-        &piece,
-    );
-    inner
-        .counters
-        .add(crate::counters::Counter::CompressNs, cpu_ns);
-    append_making_room(inner, &blob, run, Room::Dedup)?;
-    let links = [
-        Item::Link {
-            lba: y,
-            sectors: k as u32,
-            target: h,
-        },
-        Item::Link {
-            lba: x,
-            sectors: k as u32,
-            target: h,
-        },
-    ];
-    append_making_room(inner, &links, &[], Room::Dedup)?;
+    let codec = ((policy.algorithm, blocks), Hint::None, None);
+    let h = share::promote(inner, policy, codec, run, &[y, x])?;
     Ok(Some((h, true)))
 }
