@@ -179,8 +179,10 @@ impl Disk for FileDisk {
         read_full(&self.file, buf, offset)
     }
 
-    /// From the page cache if every byte is there, else with O_DIRECT
-    /// through an aligned bounce buffer.
+    /// From the page cache if every byte is there, else with O_DIRECT:
+    /// straight into `buf` when it and the range are `BLOCK`-aligned (the
+    /// read path's stream buffer, `read::with_stream`), else through an
+    /// aligned bounce buffer and a copy.
     fn read_stream(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         if buf.len() < BLOCK || self.refused.load(Ordering::Relaxed) {
             return read_full(&self.file, buf, offset);
@@ -188,19 +190,26 @@ impl Disk for FileDisk {
         if read_cached(&self.file, buf, offset) {
             return Ok(());
         }
-        let start = offset / BLOCK as u64 * BLOCK as u64;
-        let end = (offset + buf.len() as u64).div_ceil(BLOCK as u64) * BLOCK as u64;
-        let n = (end - start) as usize;
-        let at = (offset - start) as usize;
-        let r = BOUNCE.with_borrow_mut(|bounce| -> io::Result<()> {
-            if bounce.as_ref().is_none_or(|b| b.len() < n) {
-                *bounce = Some(AlignedBuf::new(n.next_power_of_two().max(128 << 10)));
-            }
-            let b = &mut bounce.as_mut().expect("bounce buffer")[..n];
-            read_direct(&self.direct, b, start)?;
-            buf.copy_from_slice(&b[at..at + buf.len()]);
-            Ok(())
-        });
+        let aligned = offset.is_multiple_of(BLOCK as u64)
+            && buf.len().is_multiple_of(BLOCK)
+            && (buf.as_ptr() as usize).is_multiple_of(BLOCK);
+        let r = if aligned {
+            read_direct(&self.direct, buf, offset)
+        } else {
+            let start = offset / BLOCK as u64 * BLOCK as u64;
+            let end = (offset + buf.len() as u64).div_ceil(BLOCK as u64) * BLOCK as u64;
+            let n = (end - start) as usize;
+            let at = (offset - start) as usize;
+            BOUNCE.with_borrow_mut(|bounce| -> io::Result<()> {
+                if bounce.as_ref().is_none_or(|b| b.len() < n) {
+                    *bounce = Some(AlignedBuf::new(n.next_power_of_two().max(128 << 10)));
+                }
+                let b = &mut bounce.as_mut().expect("bounce buffer")[..n];
+                read_direct(&self.direct, b, start)?;
+                buf.copy_from_slice(&b[at..at + buf.len()]);
+                Ok(())
+            })
+        };
         match r {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 tracing::warn!("O_DIRECT read refused ({e}); using the page cache");
