@@ -89,7 +89,8 @@
 #      updates to 1% of the rows: a hot set that fits in memory; "uniform" for data larger than it),
 #      UPGRADE_WAIT_SECS (0: squeeze's bytes are read at once; N: first up to N s for the records
 #      the adaptive codec or the burst floor wrote below the target codec to be upgraded, so a
-#      busy machine's raw backlog is not counted as the database's bytes),
+#      busy machine's raw backlog is not counted as the database's bytes; each wait's seconds and
+#      what was still below the target, raw, upgraded and merged go to OUT/upgrade_wait.txt),
 #      SETTLE_SECS (60), BENCH_LOCK (/tmp/bench.lock), INSTALL (1), CARGO_TARGET_DIR, BIN (a squeeze
 #      binary to use instead of building one).
 # The whole run holds the bench lock (bench/README.md). Needs root (loop devices, mounts, FUSE).
@@ -389,12 +390,17 @@ vol_stats() { # the volume's live statistics (the control socket answers {"vol":
 }
 
 upgrade_wait() { # up to UPGRADE_WAIT_SECS for the records written below the target codec to be upgraded
-  local i
+  local i left
   for ((i = 0; i < UPGRADE_WAIT_SECS; i++)); do
     vol_stats | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["below_target_pending_bytes"] == 0 else 1)' \
-      && return 0
+      && break
     sleep 1
   done
+  # What was still below the target (and of it, raw from the burst floor) when the wait ended.
+  left=$(vol_stats | python3 -c 'import json,sys; s=json.load(sys.stdin); print(s["below_target_pending_bytes"], s["burst_raw_pending_bytes"], s["upgraded_bytes"], s["merged_bytes"])')
+  read -r pend raw up merged <<<"$left"
+  echo "upgrade wait: ${i} s; below target ${pend} bytes (raw ${raw}); upgraded ${up}, merged ${merged} bytes so far" >&2
+  echo "${i} ${pend} ${raw} ${up} ${merged}" >>"$OUT/upgrade_wait.txt"
 }
 
 phys_bytes() { # the side's bytes for the database difference
