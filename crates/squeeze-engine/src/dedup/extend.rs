@@ -25,9 +25,10 @@
 use super::index::Loc;
 use crate::error::{EngineError, Result};
 use crate::locks::RangeGuard;
+use crate::meta::pager;
 use crate::read;
 use crate::state::Inner;
-use squeeze_format::{SECTOR_SIZE, SHARED_BASE, SHARED_SECTORS};
+use squeeze_format::{MapEntry, SECTOR_SIZE, SHARED_BASE, SHARED_SECTORS};
 
 /// Sectors read and compared at a time: a default blob.
 pub(crate) const STEP_SECTORS: usize = 32;
@@ -53,6 +54,16 @@ pub(crate) enum Extended<'a> {
     /// The hook's source sector is being written (its range lock is
     /// taken) or out of the volume.
     Busy,
+    /// The hook's source no longer holds its own record (a client sector
+    /// shared or trimmed since it was remembered, a hidden address
+    /// zeroed): nothing to compare.
+    Gone,
+}
+
+/// A step's source: its bytes and map entries.
+struct Held {
+    bytes: Vec<u8>,
+    entries: Vec<MapEntry>,
 }
 
 /// How a step's read went.
@@ -94,11 +105,14 @@ pub(crate) fn extend<'a>(
     let hi = (range.end - base).min(n as i128) as usize;
     let client = matches!(src, Loc::Client(_));
     let mut locks = Vec::new();
-    let mut held = vec![0u8; STEP_SECTORS * SECTOR_SIZE];
+    let mut held = Held {
+        bytes: vec![0u8; STEP_SECTORS * SECTOR_SIZE],
+        entries: vec![MapEntry::UNMAPPED; STEP_SECTORS],
+    };
     let sector = |j: usize| &chunk[j * SECTOR_SIZE..(j + 1) * SECTOR_SIZE];
     // Reads the source of the write's sectors p..q into `held`, under
     // their range lock for a client source.
-    let read_step = |p: usize, q: usize, held: &mut [u8], locks: &mut Vec<RangeGuard<'a>>| {
+    let read_step = |p: usize, q: usize, held: &mut Held, locks: &mut Vec<RangeGuard<'a>>| {
         let at = (base + p as i128) as u64;
         let end = (base + q as i128) as u64;
         if client {
@@ -107,14 +121,21 @@ pub(crate) fn extend<'a>(
                 None => return Ok(Step::Busy),
             }
         }
-        match read::read_sectors(inner, at, &mut held[..(q - p) * SECTOR_SIZE]) {
+        let entries = &mut held.entries[..q - p];
+        pager::with_map(inner, |st| st.map.get_range(at, entries))?;
+        match read::read_sectors(inner, at, &mut held.bytes[..(q - p) * SECTOR_SIZE]) {
             Ok(()) => Ok(Step::Read),
             Err(EngineError::Corrupt { .. } | EngineError::Codec { .. }) => Ok(Step::Corrupt),
             Err(e) => Err(e),
         }
     };
-    let equal = |held: &[u8], p: usize, j: usize| {
-        nonzero[j] && held[(j - p) * SECTOR_SIZE..(j - p + 1) * SECTOR_SIZE] == *sector(j)
+    // A hidden address must hold a record, a client source its own (one
+    // shared already is found from its hidden address's hooks: promoting
+    // it again would store its content twice).
+    let equal = |held: &Held, p: usize, j: usize| {
+        nonzero[j]
+            && held.entries[j - p].is_direct()
+            && held.bytes[(j - p) * SECTOR_SIZE..(j - p + 1) * SECTOR_SIZE] == *sector(j)
     };
     // Forward from the hook.
     let mut b = i;
@@ -126,6 +147,9 @@ pub(crate) fn extend<'a>(
             Step::Busy if b == i => return Ok(Extended::Busy),
             Step::Corrupt if b == i => return Ok(Extended::Differ),
             Step::Busy | Step::Corrupt => break,
+        }
+        if b == i && !held.entries[0].is_direct() {
+            return Ok(Extended::Gone);
         }
         while b < q && equal(&held, p, b) {
             b += 1;

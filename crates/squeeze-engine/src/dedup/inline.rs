@@ -138,7 +138,7 @@ pub(crate) fn share(
                 mismatched += 1;
                 continue;
             }
-            Extended::Busy => continue,
+            Extended::Busy | Extended::Gone => continue,
         };
         let k = f.b - f.a;
         if k < MIN_RUN_SECTORS || (atomic && k < n) {
