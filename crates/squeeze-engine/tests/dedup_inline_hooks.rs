@@ -7,7 +7,9 @@
 //! equal sectors past it, with no hook of their own, are not found); a
 //! run with no hook is not found (the documented miss: the idle pass
 //! finds it later), while a dense index (`dedup_inline_sample` 1) finds
-//! it as it is written.
+//! it as it is written; and a hook's run stops where its client source
+//! is shared already (linked from that content's own hook, not promoted
+//! twice).
 
 mod common;
 use common::*;
@@ -49,7 +51,12 @@ fn sector(r: &mut impl Rng, hook: bool) -> Vec<u8> {
 
 /// `RUN` random sectors, a hook at `hook` only (none if None).
 fn run(r: &mut impl Rng, hook: Option<usize>) -> Vec<u8> {
-    (0..RUN).flat_map(|i| sector(r, Some(i) == hook)).collect()
+    run_hooked(r, &hook.into_iter().collect::<Vec<_>>())
+}
+
+/// `RUN` random sectors, hooks at `hooks` only.
+fn run_hooked(r: &mut impl Rng, hooks: &[usize]) -> Vec<u8> {
+    (0..RUN).flat_map(|i| sector(r, hooks.contains(&i))).collect()
 }
 
 fn inline_linked(v: &Volume) -> u64 {
@@ -155,5 +162,26 @@ fn a_one_blob_write_is_shared_whole_from_a_hook_in_its_middle() {
     part[end - SECTOR_SIZE..].copy_from_slice(&sector(&mut r, false));
     write_model(&v, &mut model, 8 << 20, &part);
     assert_eq!(inline_linked(&v), blob as u64);
+    check_model(&v, &model);
+}
+
+#[test]
+fn a_client_hooks_run_stops_where_its_source_is_shared_already() {
+    let (v, mut model) = volume(SAMPLE);
+    let mut r = rng(85);
+    let a = run_hooked(&mut r, &[10, 30]);
+    write_model(&v, &mut model, 0, &a);
+    // A copy of sectors 26..40 (hook 30): LBAs 26..40 promoted, shared.
+    let s = |x: usize, y: usize| &a[x * SECTOR_SIZE..y * SECTOR_SIZE];
+    write_model(&v, &mut model, 4 << 20, s(26, 40));
+    assert_eq!(v.stats().dedup_shared_writes, 14);
+    // The whole run again: hook 10 (client LBA 10) extends up to 26, where
+    // its source is shared already, and is promoted; hook 30 (hidden)
+    // links 26..40; 40..48 has no hook and is stored. Nothing of 26..40 is
+    // written at hidden addresses twice.
+    write_model(&v, &mut model, 8 << 20, &a);
+    let st = v.stats();
+    assert_eq!(st.dedup_shared_writes, 14 + 26);
+    assert_eq!(st.dedup_inline_linked_sectors, 14 + 26 + 14);
     check_model(&v, &model);
 }
