@@ -56,7 +56,9 @@ fn run(r: &mut impl Rng, hook: Option<usize>) -> Vec<u8> {
 
 /// `RUN` random sectors, hooks at `hooks` only.
 fn run_hooked(r: &mut impl Rng, hooks: &[usize]) -> Vec<u8> {
-    (0..RUN).flat_map(|i| sector(r, hooks.contains(&i))).collect()
+    (0..RUN)
+        .flat_map(|i| sector(r, hooks.contains(&i)))
+        .collect()
 }
 
 fn inline_linked(v: &Volume) -> u64 {

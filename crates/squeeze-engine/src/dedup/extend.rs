@@ -94,9 +94,7 @@ pub(crate) fn extend<'a>(
     let range = match src {
         Loc::Shared(_) => SHARED_BASE as i128..(SHARED_BASE + SHARED_SECTORS) as i128,
         Loc::Client(y) if y < lba => 0..lba as i128,
-        Loc::Client(_) => {
-            (lba + n as u64) as i128..(inner.size() / SECTOR_SIZE as u64) as i128
-        }
+        Loc::Client(_) => (lba + n as u64) as i128..(inner.size() / SECTOR_SIZE as u64) as i128,
     };
     if !range.contains(&(src.addr() as i128)) {
         return Ok(Extended::Busy);

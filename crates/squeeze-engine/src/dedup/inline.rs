@@ -235,7 +235,13 @@ mod tests {
         ix.insert(hook(2), Loc::Shared(SHARED_BASE + 7));
         ix.insert(hook(3), Loc::Client(11));
         ix.insert(not_hook, Loc::Client(200));
-        let fps = [Some(hook(1)), None, Some(not_hook), Some(hook(2)), Some(hook(3))];
+        let fps = [
+            Some(hook(1)),
+            None,
+            Some(not_hook),
+            Some(hook(2)),
+            Some(hook(3)),
+        ];
         // Written at 10..15: hook 3's source, 11, is the write's own.
         assert_eq!(
             hits(&ix, &fps, 10, fps.len()),

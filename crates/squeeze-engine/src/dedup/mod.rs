@@ -23,8 +23,8 @@
 //!   for the pass and the inline path;
 //! - `orphans`: hidden addresses no sector refers to any more, zeroed.
 
-pub mod idle;
 pub(crate) mod extend;
+pub mod idle;
 pub(crate) mod index;
 pub(crate) mod inline;
 pub mod inline_state;
