@@ -324,7 +324,7 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
         // sampled 1 in 2, so that hooks are extended over sectors the
         // index does not hold (the copies here are short: at the default
         // 1 in 8 few would hold a hook).
-        .inline_sample(if seed % 8 == 0 { 1 } else { 2 });
+        .inline_sample(if seed.is_multiple_of(8) { 1 } else { 2 });
     let mut opts = small_opts(SIZE);
     opts.policy = policy;
     // Even seeds deduplicate: in dedup mode idle, so the idle pass's steps
