@@ -19,7 +19,9 @@ pub struct DedupArgs {
     /// MiB of RAM for the fingerprint index, the idle pass's and, in mode
     /// inline, the write path's, each (default 256: about
     /// 13.8 million sectors, 52 GiB of data remembered at once; a larger
-    /// volume keeps 1 fingerprint in up to 32 and finds copies from them).
+    /// volume keeps 1 fingerprint in up to 32 and finds copies from them;
+    /// the inline index keeps 1 in 8, `squeeze serve --dedup-sample`: 416
+    /// GiB of recent writes).
     #[arg(long, value_name = "MIB")]
     pub dedup_index: Option<u32>,
 }

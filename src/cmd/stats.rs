@@ -150,10 +150,12 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
     );
     if s.dedup_mode == "inline" || s.dedup_inline_linked_sectors > 0 {
         outln!(
-            "dedup inline           {} sectors linked as written, {} mismatched; index {}",
+            "dedup inline           {} sectors linked as written, {} mismatched; index {}, {} hooks (1 in {})",
             s.dedup_inline_linked_sectors,
             s.dedup_inline_mismatched_sectors,
-            human(s.dedup_inline_index_bytes)
+            human(s.dedup_inline_index_bytes),
+            s.dedup_inline_index_entries,
+            s.dedup_inline_index_sample
         );
     }
     if s.dedup_references > 0 || s.dedup_orphans > 0 {

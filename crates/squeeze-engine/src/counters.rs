@@ -67,7 +67,7 @@ counters! {
     DedupIdleCursor = 47, "The LBA an unfinished idle dedup pass resumes at; 0 when none is under way (state, kept by checkpoints).";
     DedupIdleMark = 48, "BytesWritten when the last idle dedup pass began: the next begins once clients wrote enough since (state, kept by checkpoints).";
     DedupInlineLinkedSectors = 49, "Written client sectors linked to hidden addresses as they were written (dedup mode inline; part of dedup_linked_sectors, which also counts the source runs promotions link).";
-    DedupInlineMismatchedSectors = 50, "Written sectors the inline index named a source for whose bytes differed (a collision, or the source rewritten since): stored as usual.";
+    DedupInlineMismatchedSectors = 50, "Written sectors the inline index named a source for whose bytes differed (a collision, or the source rewritten since): stored as usual. Since the sampled index (session 26), the hooks whose own sector differed.";
 }
 
 pub const COUNTERS: usize = 51;

@@ -111,6 +111,13 @@ pub struct OpenOptions {
     /// clients are idle: clients do not wait on compression they could
     /// skip, and the volume converges to the target's ratio.
     pub no_adapt: bool,
+    /// Dedup mode inline's index keeps 1 fingerprint in this many (a power
+    /// of two, 1 to 32; 1 is a dense index): hooks, whose matches the
+    /// write path extends to the sectors around them by comparing bytes
+    /// (`dedup::inline`). None: `dedup::inline_state::INLINE_SAMPLE_DEFAULT`
+    /// (8). RAM only, not stored in the volume; changing it needs a
+    /// reopen.
+    pub dedup_inline_sample: Option<u64>,
     /// The adaptive codec's control law; None: `pipeline::law::LAW_DEFAULT`.
     pub adapt_law: Option<crate::pipeline::law::Law>,
     /// Also step down the ladder while the machine's cores are busy

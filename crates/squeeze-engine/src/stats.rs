@@ -85,15 +85,21 @@ pub struct VolumeStats {
     pub dedup_idle_cursor: u64,
     /// Over the volume's life: client sectors the write path linked as
     /// they were written (dedup mode inline; part of
-    /// dedup_linked_sectors), and written sectors the inline index named
+    /// dedup_linked_sectors), and written hooks the inline index named
     /// whose bytes differed from the source's (stored as usual).
     #[serde(default)]
     pub dedup_inline_linked_sectors: u64,
     #[serde(default)]
     pub dedup_inline_mismatched_sectors: u64,
-    /// RAM of the inline index now (0 unless dedup mode inline).
+    /// RAM of the inline index now (0 unless dedup mode inline), the
+    /// hooks it holds, and its sampling (1 fingerprint in this many kept;
+    /// 1: dense).
     #[serde(default)]
     pub dedup_inline_index_bytes: u64,
+    #[serde(default)]
+    pub dedup_inline_index_entries: u64,
+    #[serde(default)]
+    pub dedup_inline_index_sample: u64,
     /// Logical bytes over physical bytes on disk.
     pub effective_ratio: f64,
     pub bytes_per_algorithm: std::collections::BTreeMap<String, u64>,
@@ -388,6 +394,8 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         dedup_inline_linked_sectors: c.get(Counter::DedupInlineLinkedSectors),
         dedup_inline_mismatched_sectors: c.get(Counter::DedupInlineMismatchedSectors),
         dedup_inline_index_bytes: inner.inline.memory_bytes(),
+        dedup_inline_index_entries: inner.inline.entries(),
+        dedup_inline_index_sample: inner.inline.sample(),
         effective_ratio: ratio(mapped_bytes, physical),
         bytes_per_algorithm: per_alg,
         blobs_compressed: c.get(Counter::BlobsCompressed),

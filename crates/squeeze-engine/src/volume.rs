@@ -339,7 +339,11 @@ impl Volume {
             // deflate:1..=3), else the CPU pool.
             Arc::new(squeeze_codec::isal::default_engine(n))
         });
-        let inline = crate::dedup::inline_state::InlineDedup::new(sb.dedup);
+        let inline = crate::dedup::inline_state::InlineDedup::new(
+            sb.dedup,
+            open.dedup_inline_sample
+                .unwrap_or(crate::dedup::inline_state::INLINE_SAMPLE_DEFAULT),
+        );
         let inner = Arc::new(Inner {
             storage,
             uuid: sb.uuid,

@@ -143,6 +143,9 @@ struct Rig {
     /// `upgrade_pass` has work.
     behind: bool,
     prewrite: bool,
+    /// Dedup mode inline's index keeps 1 fingerprint in this many
+    /// (`OpenOptions::dedup_inline_sample`).
+    inline_sample: u64,
     /// The cleaner's garbage budget: mostly the smallest (the most
     /// cleaning, so the most relocations under power cuts), sometimes the
     /// default.
@@ -173,12 +176,18 @@ impl Rig {
             wb,
             behind: false,
             prewrite: false,
+            inline_sample: squeeze_engine::dedup::INLINE_SAMPLE_DEFAULT,
             budget,
         }
     }
 
     fn prewrite(mut self, prewrite: bool) -> Rig {
         self.prewrite = prewrite;
+        self
+    }
+
+    fn inline_sample(mut self, sample: u64) -> Rig {
+        self.inline_sample = sample;
         self
     }
 
@@ -197,6 +206,7 @@ impl Rig {
             garbage_budget: self.budget,
         });
         o.prewrite = self.prewrite;
+        o.dedup_inline_sample = Some(self.inline_sample);
         // No cache: the map pages out as it loads at open, too.
         if PAGE_OUT.with(|c| c.get()) {
             o.map_cache = Some(0);
@@ -309,13 +319,19 @@ fn run_seed(path: IoPath, seed: u64) -> KillStats {
     // (also from the seed, not the generator).
     let mut rig = Rig::over(path, SimStorage::new(), &mut r)
         .behind(behind)
-        .prewrite(seed % 4 >= 2);
+        .prewrite(seed % 4 >= 2)
+        // Inline seeds (divisible by 4): half with a dense index, half
+        // sampled 1 in 2, so that hooks are extended over sectors the
+        // index does not hold (the copies here are short: at the default
+        // 1 in 8 few would hold a hook).
+        .inline_sample(if seed.is_multiple_of(8) { 1 } else { 2 });
     let mut opts = small_opts(SIZE);
     opts.policy = policy;
     // Even seeds deduplicate: in dedup mode idle, so the idle pass's steps
     // run too (the settings in the superblock survive the power cuts);
     // half of them (seeds divisible by 4) in mode inline, so their writes
-    // of copies are linked as they are written as well.
+    // of copies are linked as they are written as well (the index dense
+    // or sampled: `inline_sample` above).
     if seed.is_multiple_of(2) {
         opts.dedup.mode = if seed.is_multiple_of(4) {
             squeeze_engine::DedupMode::Inline

@@ -142,6 +142,14 @@ pub struct Args {
     /// docs/ARCHITECTURE.md, "Map paging".
     #[arg(long, value_parser = parse_map_cache)]
     pub map_cache: Option<u64>,
+    /// Dedup mode inline: keep 1 fingerprint in N in the write path's
+    /// index (a power of two, 1 to 32; default 8). Each hook found again
+    /// is extended to the sectors around it by comparing bytes; 1 keeps
+    /// every written sector (a dense index: 8 times the RAM for the same
+    /// window of recent writes). Not stored in the volume
+    /// (docs/DEDUP.md, "Inline").
+    #[arg(long, value_name = "N", value_parser = parse_dedup_sample)]
+    pub dedup_sample: Option<u64>,
     /// Drill, not for production: the compression engine reports itself
     /// always far behind (`squeeze_codec::Saturated`), so every write batch
     /// takes the fastest rung of the adaptive codec's ladder and idle time
@@ -230,6 +238,14 @@ fn parse_map_cache(s: &str) -> Result<u64, String> {
             "{s} is below the smallest map cache, {}",
             human(squeeze_engine::MAP_CACHE_MIN)
         ));
+    }
+    Ok(v)
+}
+
+fn parse_dedup_sample(s: &str) -> Result<u64, String> {
+    let v: u64 = s.parse().map_err(|e| format!("{s}: {e}"))?;
+    if !squeeze_engine::dedup::valid_sample(v) {
+        return Err(format!("{s}: a power of two from 1 to 32"));
     }
     Ok(v)
 }

@@ -210,7 +210,7 @@ pub(super) fn prometheus(
     );
     m!(
         "dedup_inline_mismatched_sectors_total",
-        "Written sectors the inline index named whose bytes differed from the source's (stored as usual).",
+        "Written hooks the inline index named whose bytes differed from the source's (stored as usual).",
         "counter",
         |s: &VolumeStats| s.dedup_inline_mismatched_sectors
     );
@@ -219,6 +219,18 @@ pub(super) fn prometheus(
         "RAM of the inline deduplication index.",
         "gauge",
         |s: &VolumeStats| s.dedup_inline_index_bytes
+    );
+    m!(
+        "dedup_inline_index_entries",
+        "Hooks the inline deduplication index holds (1 fingerprint in dedup_inline_index_sample).",
+        "gauge",
+        |s: &VolumeStats| s.dedup_inline_index_entries
+    );
+    m!(
+        "dedup_inline_index_sample",
+        "The inline deduplication index keeps 1 fingerprint in this many (1: dense).",
+        "gauge",
+        |s: &VolumeStats| s.dedup_inline_index_sample
     );
     m!(
         "blobs_compressed_total",

@@ -72,6 +72,7 @@ fn open_or_create(path: &Path, a: &Args) -> Result<Volume> {
                     cpu_source()
                 },
                 map_cache: a.map_cache,
+                dedup_inline_sample: a.dedup_sample,
                 burst_floor: a.burst_floor,
                 engine: a.simulate_saturated_engine.then(saturated_engine),
                 gc: Some(squeeze_engine::GcPolicy {

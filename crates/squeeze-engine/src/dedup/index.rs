@@ -69,6 +69,12 @@ pub(crate) fn fingerprint(sector: &[u8]) -> u128 {
     xxh3_128(sector)
 }
 
+/// Whether `fp` is a hook of an index keeping 1 fingerprint in `sample`:
+/// its high 64 bits (not the key's) are 0 modulo `sample`.
+pub(crate) fn hook(fp: u128, sample: u64) -> bool {
+    ((fp >> 64) as u64) & (sample - 1) == 0
+}
+
 /// Keys are fingerprints already: hashing them again would only cost.
 #[derive(Default)]
 struct KeyHasher(u64);
@@ -144,7 +150,7 @@ impl Index {
 
     /// Whether `fp` is a hook (kept in the index).
     pub(crate) fn is_hook(&self, fp: u128) -> bool {
-        ((fp >> 64) as u64) & (self.sample - 1) == 0
+        hook(fp, self.sample)
     }
 
     pub(crate) fn get(&self, fp: u128) -> Option<Loc> {

@@ -14,19 +14,24 @@
 //!   idle (dedup modes `idle` and `inline`), a step at a time, resumed
 //!   from a cursor;
 //! - `inline`: the write path's sharing (dedup mode `inline`): each
-//!   written sector looked up in an index of recent content;
-//! - `inline_state`: that mode's state in the volume (on, budget, index);
+//!   written hook looked up in a sampled index of recent content;
+//! - `extend`: a hook's match extended to the sectors around it, bytes
+//!   compared (for `inline`);
+//! - `inline_state`: that mode's state in the volume (on, budget,
+//!   sampling, index);
 //! - `share`: the records of a share (content at hidden addresses, Links),
 //!   for the pass and the inline path;
 //! - `orphans`: hidden addresses no sector refers to any more, zeroed.
 
+pub(crate) mod extend;
 pub mod idle;
 pub(crate) mod index;
 pub(crate) mod inline;
-pub(crate) mod inline_state;
+pub mod inline_state;
 pub(crate) mod orphans;
 pub mod pass;
 pub(crate) mod share;
 
 pub use idle::IdleStep;
+pub use inline_state::{is_hook, valid_sample, INLINE_SAMPLE_DEFAULT};
 pub use pass::DedupReport;
