@@ -71,7 +71,11 @@ pub(crate) fn read_extent(
             }
             // One frame: the rest of the record too.
             rec.resize(len, 0);
-            read_log(inner, &mut rec[HEAD_READ..], e.record_offset() + HEAD_READ as u64)?;
+            read_log(
+                inner,
+                &mut rec[HEAD_READ..],
+                e.record_offset() + HEAD_READ as u64,
+            )?;
             return decode_extent(inner, e, lba, rec, out);
         }
         rec.resize(len, 0);
