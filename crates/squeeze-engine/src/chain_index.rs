@@ -60,22 +60,60 @@ impl PieceIndex {
         )
     }
 
-    /// Checks the bytes of groups `g` (as `span` placed them) and returns
-    /// their runs, or the group whose CRC does not match.
-    pub fn decode(&self, g: &Range<usize>, bytes: &[u8]) -> Result<Vec<MapRun>, usize> {
-        let mut runs = Vec::with_capacity(bytes.len() / RUN_BYTES);
+    /// Checks the bytes of groups `g` (as `span` placed them) against
+    /// their CRCs: Err names the first group that does not match.
+    pub fn check(&self, g: &Range<usize>, bytes: &[u8]) -> Result<(), usize> {
         for (k, part) in g.clone().zip(bytes.chunks(GROUP_RUNS * RUN_BYTES)) {
             if checksum::crc32c(part) != self.groups[k].1 {
                 return Err(k);
             }
-            runs.extend(part.chunks_exact(RUN_BYTES).map(decode_run));
         }
-        Ok(runs)
+        Ok(())
+    }
+
+    /// Checks the bytes of groups `g` (as `span` placed them) and returns
+    /// their runs, or the group whose CRC does not match.
+    #[cfg(test)]
+    pub fn decode(&self, g: &Range<usize>, bytes: &[u8]) -> Result<Vec<MapRun>, usize> {
+        self.check(g, bytes)?;
+        Ok(bytes.chunks_exact(RUN_BYTES).map(decode_run).collect())
     }
 
     /// Bytes of RAM the index of this piece uses.
     pub fn memory_bytes(&self) -> u64 {
         (self.groups.capacity() * 16) as u64
+    }
+}
+
+/// Calls `f` with the runs in `bytes` (a piece's runs, checked) that touch
+/// sectors `lo..hi`, in LBA order. A piece's runs are sorted and disjoint,
+/// so their ends ascend too: the first is found by a binary search, and
+/// the runs outside are not decoded (a chunk read back touches about a
+/// fifth of the groups it reads).
+pub fn runs_touching(bytes: &[u8], lo: u64, hi: u64, mut f: impl FnMut(MapRun)) {
+    let n = bytes.len() / RUN_BYTES;
+    let at = |k: usize| &bytes[k * RUN_BYTES..(k + 1) * RUN_BYTES];
+    let end = |k: usize| {
+        let r = decode_run(at(k));
+        r.lba.saturating_add(u64::from(r.sectors))
+    };
+    let (mut a, mut b) = (0, n);
+    while a < b {
+        let m = (a + b) / 2;
+        if end(m) <= lo {
+            a = m + 1;
+        } else {
+            b = m;
+        }
+    }
+    for k in a..n {
+        let r = decode_run(at(k));
+        if r.lba >= hi {
+            break;
+        }
+        if r.lba.saturating_add(u64::from(r.sectors)) > lo {
+            f(r);
+        }
     }
 }
 

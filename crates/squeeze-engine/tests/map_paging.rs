@@ -126,6 +126,71 @@ fn map_memory_follows_the_cache() {
     assert_eq!(read_all(&v), model);
 }
 
+/// Threads that write and read blocks interleaved over every chunk while
+/// checkpoints are named: their reads fault chunks in (read back under the
+/// read lock, installed only while still current) as the others write into
+/// the same chunks and page them out, and every read sees what its thread
+/// wrote last, the whole volume what all wrote.
+#[test]
+fn faults_race_writes_and_checkpoints() {
+    let (_s, v, model) = paged_volume(11);
+    let v = &v;
+    let threads = 3u64;
+    let blocks = SIZE / 4096;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let models: Vec<Vec<u8>> = std::thread::scope(|sc| {
+        let ckpt = sc.spawn(|| {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                v.checkpoint().unwrap();
+                n += 1;
+            }
+            n
+        });
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let mut mine = model.clone();
+                sc.spawn(move || {
+                    let mut r = rng(200 + t);
+                    let mut buf = vec![0u8; 4096];
+                    for _ in 0..1500 {
+                        // Block b is thread (b % threads)'s to write.
+                        let b = rand::Rng::gen_range(&mut r, 0..blocks / threads) * threads + t;
+                        let off = (b * 4096) as usize;
+                        let d = data(&mut r, 3, 4096);
+                        v.write(off as u64, &d, false).unwrap();
+                        mine[off..off + 4096].copy_from_slice(&d);
+                        let b = rand::Rng::gen_range(&mut r, 0..blocks / threads) * threads + t;
+                        let off = (b * 4096) as usize;
+                        v.read(off as u64, &mut buf).unwrap();
+                        assert_eq!(buf, mine[off..off + 4096], "thread {t}, block {b}");
+                        // Someone else's block: read, whatever it holds.
+                        let b = rand::Rng::gen_range(&mut r, 0..blocks);
+                        v.read(b * 4096, &mut buf).unwrap();
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let models = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(ckpt.join().unwrap() > 2, "checkpoints ran alongside");
+        models
+    });
+    let mut all = model;
+    for b in 0..blocks {
+        let off = (b * 4096) as usize;
+        let t = (b % threads) as usize;
+        if b < blocks / threads * threads {
+            all[off..off + 4096].copy_from_slice(&models[t][off..off + 4096]);
+        }
+    }
+    assert_eq!(read_all(v), all);
+    v.verify_accounting().unwrap();
+    let st = v.stats();
+    assert!(st.map_faults > 1000, "{st:?}");
+}
+
 /// A group of runs damaged in the chain under a paged-out chunk: the read
 /// that needs it fails with a metadata error (never other bytes), and the
 /// volume turns read-only.

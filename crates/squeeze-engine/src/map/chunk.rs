@@ -82,6 +82,14 @@ impl Chunk {
         }
     }
 
+    /// The runs `for_each_run` gives, counted without building them.
+    pub(super) fn runs(&self) -> u64 {
+        match self {
+            Chunk::Runs { runs, .. } => runs.len() as u64,
+            Chunk::Dense { entries, .. } => count_runs(&entries[..]),
+        }
+    }
+
     /// Calls `f` with each run of the chunk whose base sector is `base`.
     pub(super) fn for_each_run(&self, base: u64, f: &mut impl FnMut(MapRun)) {
         match self {
@@ -380,6 +388,18 @@ pub(super) fn group_runs(
     if let Some(r) = cur {
         f(r);
     }
+}
+
+/// The runs of mapped entries `group_runs` gives of `entries`, counted: a
+/// mapped entry starts one unless it follows the entry before it.
+pub(super) fn count_runs(entries: &[MapEntry]) -> u64 {
+    let mut n = 0;
+    let mut last = MapEntry::UNMAPPED;
+    for &e in entries {
+        n += u64::from(e.is_mapped() && !(last.is_mapped() && follows(last, e)));
+        last = e;
+    }
+    n
 }
 
 /// Joins `r` to the pending run when it continues it; otherwise returns

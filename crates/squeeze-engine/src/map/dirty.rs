@@ -11,7 +11,7 @@
 
 use super::dirty_bits::DirtyBits;
 use super::overlay::Overlay;
-use super::paging::{Pieces, PIECES_MAX};
+use super::pieces::{Pieces, PIECES_MAX};
 use super::SectorMap;
 use squeeze_format::CHUNK_ENTRIES;
 
@@ -54,6 +54,7 @@ impl SectorMap {
     /// The checkpoint that took the changes wrote a base: every chunk is
     /// in piece 0 of the new chain.
     pub fn note_base(&mut self) {
+        self.chain_epoch += 1;
         self.frozen.clear();
         for s in self.chunks.values_mut() {
             s.pieces = Pieces::only(0);
@@ -67,6 +68,7 @@ impl SectorMap {
     /// The checkpoint that took the changes wrote them as piece `k` of the
     /// chain: a chunk it covers whole is in that piece alone.
     pub fn note_delta(&mut self, k: u16) {
+        self.chain_epoch += 1;
         for (c, bits) in std::mem::take(&mut self.frozen) {
             let whole = bits.iter().all(|&w| w == u64::MAX);
             let resident = self.chunks.contains_key(&c);

@@ -6,7 +6,10 @@
 //! holds the map's type, its lookups and updates, and its sizes; the rest,
 //! one concept a file, from the bottom up:
 //! - `chunk`: one chunk's entries, as runs or dense, and run arithmetic
-//! - `paging`: chunks paged out to the checkpoint chain and read back
+//! - `pieces`: the pieces of the checkpoint chain that hold a chunk
+//! - `paging`: chunks paged out to the checkpoint chain
+//! - `page_in`: a chunk read back from the chain put back in the map, and
+//!   a fault that read it without the write lock checked still current
 //! - `overlay`: the changed entries a changed chunk pages out with
 //! - `dirty_bits`: one bit per sector of a chunk, and the changes by chunk
 //! - `dirty`: what changed since the last checkpoint, and the handshake
@@ -24,12 +27,15 @@ mod chunk;
 mod dirty;
 mod dirty_bits;
 mod overlay;
+pub mod page_in;
 pub mod paging;
+mod pieces;
 mod runs;
 
 use chunk::Chunk;
 use dirty_bits::{mark, Dirty, DirtyBits};
-use paging::{PagedChunk, Pieces};
+use paging::PagedChunk;
+use pieces::Pieces;
 use squeeze_format::{MapEntry, MapRun, CHUNK_ENTRIES};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,6 +81,10 @@ pub struct SectorMap {
     overlay_bytes: u64,
     /// The eviction clock's hand: the chunk it looks at next.
     hand: u64,
+    /// Moves on whenever chunks' pieces, or the chain they index, may
+    /// change (`page_in`: a fault read outside the write lock installs
+    /// only at the epoch it read at).
+    chain_epoch: u64,
 }
 
 /// Approximate heap cost of one BTreeMap slot (key, value, node slack).
@@ -326,7 +336,7 @@ fn split(lba: u64) -> (u64, u16) {
 
 #[cfg(test)]
 mod tests {
-    use super::paging::LoadedChunk;
+    use super::page_in::LoadedChunk;
     use super::*;
     use rand::{Rng, SeedableRng};
 

@@ -5,86 +5,25 @@
 //! entries are dropped from memory and only its totals (`PagedChunk`), the
 //! pieces that hold it (`Pieces`) and, when it changed since the last
 //! checkpoint, the changed entries (`overlay`) stay. A lookup that meets
-//! it answers [`Paged`]; the caller reads it back (`meta::pager` builds a
-//! [`LoadedChunk`] from its pieces) and `install`s it: the overlay laid
-//! over it, then checked against the totals it was paged out with.
+//! it answers [`Paged`]; the caller reads it back and installs it
+//! (`page_in`).
 //!
 //! Invariants: only tracked chunks (whose pieces are known) are paged out;
 //! a changed chunk only when its pieces, with the one or two the
 //! checkpoints that will take its changes add, stay within [`PIECES_MAX`]
 //! (so that it never turns untracked while paged out).
 
-use super::chunk::Chunk;
 use super::dirty_bits::{marked, DirtyBits};
 use super::overlay::{Overlay, OVERLAY_ENTRY_BYTES};
-use super::{SectorMap, Slot};
-use crate::error::ChunkMismatch;
-use squeeze_format::{MapEntry, MapRun, CHUNK_ENTRIES};
-use std::sync::atomic::{AtomicBool, Ordering};
+use super::pieces::{Pieces, PIECES_MAX};
+use super::SectorMap;
+use squeeze_format::CHUNK_ENTRIES;
+use std::sync::atomic::Ordering;
 
 /// A chunk is paged out: its entries are in the checkpoint chain, not in
 /// memory. The caller pages it in (`meta::pager`) and tries again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Paged(pub u64);
-
-/// Most pieces of the checkpoint chain a chunk's runs may be spread over
-/// and still be paged out (reading it back reads each of them).
-pub const PIECES_MAX: usize = 6;
-
-/// The pieces of the current checkpoint chain that hold runs of a chunk, in
-/// chain order: applied in that order to an empty chunk, their runs inside
-/// the chunk rebuild it as the last checkpoint saw it. A chunk spread over
-/// more than [`PIECES_MAX`] pieces is untracked (it stays in memory until
-/// a checkpoint rewrites it whole).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Pieces {
-    n: u8,
-    at: [u16; PIECES_MAX],
-}
-
-impl Pieces {
-    const UNTRACKED: u8 = u8::MAX;
-
-    /// In no piece yet (a chunk mapped since the last checkpoint: dirty).
-    pub(super) fn none() -> Pieces {
-        Pieces {
-            n: 0,
-            at: [0; PIECES_MAX],
-        }
-    }
-
-    pub(super) fn untracked() -> Pieces {
-        Pieces {
-            n: Self::UNTRACKED,
-            at: [0; PIECES_MAX],
-        }
-    }
-
-    /// Only in the piece `k` (a base, or a delta that covered all of it).
-    pub(super) fn only(k: u16) -> Pieces {
-        let mut p = Pieces::none();
-        p.add(k);
-        p
-    }
-
-    pub(super) fn add(&mut self, k: u16) {
-        let n = usize::from(self.n);
-        if self.n == Self::UNTRACKED || (n > 0 && self.at[n - 1] == k) {
-            return;
-        }
-        if n == PIECES_MAX {
-            *self = Pieces::untracked();
-            return;
-        }
-        self.at[n] = k;
-        self.n += 1;
-    }
-
-    /// The pieces, or None when untracked.
-    pub(super) fn list(&self) -> Option<&[u16]> {
-        (self.n != Self::UNTRACKED).then(|| &self.at[..usize::from(self.n)])
-    }
-}
 
 /// A chunk paged out: what the map's totals and the next base need
 /// without reading it back.
@@ -102,73 +41,6 @@ pub(super) struct PagedChunk {
 /// share of what the chunk costs in memory (1/4).
 const OVERLAY_SHARE_MAX: u64 = 4;
 
-/// A chunk rebuilt from the checkpoint chain's runs (`meta::pager`), to be
-/// installed in the map or read through.
-pub struct LoadedChunk {
-    base: u64,
-    chunk: Chunk,
-}
-
-impl LoadedChunk {
-    /// An empty chunk `c`. Built dense (a run applied is a few stores,
-    /// where splicing a run list cost a fault an eighth of its time at
-    /// 5 M YCSB records); `install` keeps the cheaper form.
-    pub fn new(c: u64) -> LoadedChunk {
-        LoadedChunk {
-            base: c * CHUNK_ENTRIES as u64,
-            chunk: Chunk::Dense {
-                entries: Box::new([MapEntry::UNMAPPED; CHUNK_ENTRIES]),
-                mapped: 0,
-            },
-        }
-    }
-
-    /// Applies the part of a piece's run that lies inside the chunk (runs
-    /// of later pieces override earlier ones).
-    pub fn apply(&mut self, r: MapRun) {
-        let end = self.base + CHUNK_ENTRIES as u64;
-        let lo = r.lba.max(self.base);
-        let hi = r.end().min(end);
-        if lo >= hi {
-            return;
-        }
-        let first = r.entry((lo - r.lba) as u32);
-        self.chunk
-            .set_span((lo - self.base) as u16, (hi - lo) as u16, first);
-    }
-
-    pub fn mapped(&self) -> u32 {
-        self.chunk.mapped()
-    }
-
-    /// The runs a base of this chunk holds.
-    pub fn runs(&self) -> u64 {
-        let mut n = 0;
-        self.chunk.for_each_run(self.base, &mut |_| n += 1);
-        n
-    }
-
-    pub fn for_each_run(&self, mut f: impl FnMut(MapRun)) {
-        self.chunk.for_each_run(self.base, &mut f);
-    }
-
-    /// Sets chunk-relative sector `i` (an overlay's entry).
-    pub(super) fn set(&mut self, i: u16, e: MapEntry) {
-        self.chunk.set(i, e);
-    }
-
-    /// Mapped entries with their LBA.
-    pub fn entries(&self) -> Vec<(u64, MapEntry)> {
-        let mut v = Vec::with_capacity(self.chunk.mapped() as usize);
-        self.for_each_run(|r| {
-            for i in 0..r.sectors {
-                v.push((r.lba + u64::from(i), r.entry(i)));
-            }
-        });
-        v
-    }
-}
-
 /// What an eviction pass did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Evicted {
@@ -184,6 +56,7 @@ impl SectorMap {
     /// 1): nothing is paged out until a base.
     pub fn untrack_all(&mut self) {
         debug_assert!(self.paged.is_empty());
+        self.chain_epoch += 1;
         for s in self.chunks.values_mut() {
             s.pieces = Pieces::untracked();
         }
@@ -217,27 +90,6 @@ impl SectorMap {
         4 * n >= self.chunk_count()
     }
 
-    /// The pieces a paged-out chunk is in (None when `c` is not paged out).
-    pub fn paged_pieces(&self, c: u64) -> Option<Vec<u16>> {
-        self.paged.get(&c).map(|p| {
-            p.pieces
-                .list()
-                .expect("only tracked chunks are paged")
-                .to_vec()
-        })
-    }
-
-    /// Chunk `c` as it is now, from `l`, its pieces read back: its
-    /// overlay, if it has one, laid over them.
-    pub fn with_overlay(&self, c: u64, mut l: LoadedChunk) -> LoadedChunk {
-        if let Some(o) = self.paged.get(&c).and_then(|p| p.overlay.as_ref()) {
-            for (i, e) in o.entries() {
-                l.set(i, e);
-            }
-        }
-        l
-    }
-
     /// Resident chunks that did not change since the last checkpoint and
     /// could page out, with their pieces (to check that the chain holds
     /// what they hold).
@@ -252,47 +104,6 @@ impl SectorMap {
                     .map(|p| (c, p.to_vec()))
             })
             .collect()
-    }
-
-    /// Puts a chunk read back from the chain (its pieces, in chain order)
-    /// in place of its paged-out slot, with its overlay laid over it;
-    /// refuses one that does not then match what was paged out (the chain
-    /// does not hold what the map wrote there).
-    pub fn install(&mut self, c: u64, l: LoadedChunk) -> Result<(), ChunkMismatch> {
-        if !self.paged.contains_key(&c) {
-            return Ok(()); // paged in meanwhile
-        }
-        let l = self.with_overlay(c, l);
-        let p = self.paged.get(&c).expect("checked above");
-        let (mapped, runs) = (l.mapped(), l.runs());
-        if mapped != u32::from(p.mapped) || runs != u64::from(p.runs) {
-            return Err(ChunkMismatch {
-                chunk: c,
-                mapped,
-                runs,
-                paged_mapped: u32::from(p.mapped),
-                paged_runs: u64::from(p.runs),
-            });
-        }
-        let p = self.paged.remove(&c).expect("checked above");
-        let mut l = l;
-        if let Chunk::Dense { entries, .. } = l.chunk {
-            l.chunk = Chunk::from_dense(entries);
-        }
-        if let Some(o) = &p.overlay {
-            self.overlay_bytes -= o.memory_bytes();
-        }
-        self.weight = self.weight + l.chunk.weight() - u64::from(p.runs);
-        self.chunk_bytes += l.chunk.memory_bytes() as u64;
-        self.chunks.insert(
-            c,
-            Slot {
-                chunk: l.chunk,
-                pieces: p.pieces,
-                referenced: AtomicBool::new(true),
-            },
-        );
-        Ok(())
     }
 
     /// Pages chunks out until the map uses at most `budget` bytes or the
@@ -349,9 +160,7 @@ impl SectorMap {
                 }
             };
             let s = self.chunks.remove(&c).expect("found above");
-            let mut runs = 0u64;
-            s.chunk
-                .for_each_run(c * CHUNK_ENTRIES as u64, &mut |_| runs += 1);
+            let runs = s.chunk.runs();
             self.weight = self.weight - s.chunk.weight() + runs;
             self.chunk_bytes -= s.chunk.memory_bytes() as u64;
             self.overlay_bytes += overlay.as_ref().map_or(0, |o| o.memory_bytes());
@@ -372,9 +181,11 @@ impl SectorMap {
 
 #[cfg(test)]
 mod tests {
+    use super::super::page_in::LoadedChunk;
     use super::super::tests::blob;
     use super::*;
     use rand::{Rng, SeedableRng};
+    use squeeze_format::{MapEntry, MapRun};
 
     /// A map that pages out to a chain of pieces (a base, then deltas)
     /// and reads chunks back from them answers as a map that never pages.

@@ -7,7 +7,8 @@
 
 use super::chunk::{follows, group_runs, join, Chunk, Run, RUNS_MAX};
 use super::dirty_bits::is_marked;
-use super::paging::{LoadedChunk, Pieces};
+use super::page_in::LoadedChunk;
+use super::pieces::Pieces;
 use super::{split, SectorMap, Slot};
 use squeeze_format::{MapEntry, MapRun, CHUNK_ENTRIES};
 use std::sync::atomic::AtomicBool;
@@ -162,6 +163,7 @@ impl SectorMap {
     /// Sets the sectors of a run read from checkpoint piece `piece`, a
     /// delta (loading: not recorded as a change).
     pub fn apply_run(&mut self, r: MapRun, piece: Option<u16>) {
+        self.chain_epoch += 1;
         let mut lba = r.lba;
         while lba < r.end() {
             let (c, i) = split(lba);
@@ -194,6 +196,7 @@ impl SectorMap {
     /// mapped and unmapped, span all of it): the chunk is in that piece
     /// alone, as `note_delta` records it when such a delta is written.
     pub fn loaded_whole(&mut self, c: u64, k: u16) {
+        self.chain_epoch += 1;
         if let Some(s) = self.chunks.get_mut(&c) {
             s.pieces = Pieces::only(k);
         }

@@ -7,13 +7,20 @@
 //! the chain it is in (`chain_index`: a few KiB per piece, each group of
 //! runs checked by a CRC) and installs it, its overlay laid over it.
 //!
-//! A chunk is paged in under the state's write lock, I/O included: the
-//! chain cannot change meanwhile (a checkpoint names a new chain under the
-//! same lock, and frees only segments of the chain before the previous
-//! one), and nothing can page the chunk out again before the caller uses
-//! it (`with_map` downgrades the lock it paged in with). Faults are rare on
-//! a working set that fits the cache, and each costs one read of a few KiB
-//! per piece.
+//! A lookup under the state's read lock (`with_map`: every read, and
+//! nearly every fault of a store whose map is over its cache) reads the
+//! chunk back under that read lock, so other lookups go on meanwhile: the
+//! chain cannot change while it is held (a checkpoint names a new chain
+//! under the write lock, and frees only segments of the chain before the
+//! previous one). It then takes the write lock to install the chunk, which
+//! the map allows only if the chunk is still paged out in the same pieces
+//! of the same chain (`map::page_in`: a checkpoint may have been named in
+//! between); otherwise the lookup faults again, and after
+//! [`STALE_FAULTS_MAX`] such tries reads under the write lock. Nothing can
+//! page the chunk out again before the caller uses it (`with_map`
+//! downgrades the lock it installed with). A fault under the write lock
+//! (`with_map_mut`: installing records, recovery) reads there, I/O
+//! included. Each fault costs one read of a few KiB per piece.
 //!
 //! A chunk read back that does not match what was paged out (a group's
 //! CRC, its mapped sectors or runs) is corruption of the volume's
@@ -22,7 +29,8 @@
 use crate::chain_index::ChainIndex;
 use crate::counters::Counter;
 use crate::error::{Accounting, EngineError, Internal, Result};
-use crate::map::paging::{LoadedChunk, Paged};
+use crate::map::page_in::{Fault, LoadedChunk};
+use crate::map::paging::Paged;
 use crate::space::SegmentId;
 use crate::state::map_state::MapState;
 use crate::state::Inner;
@@ -37,6 +45,11 @@ use std::sync::atomic::Ordering;
 /// than one turn: a chunk paged in for the same operation just before
 /// keeps its second chance.
 const FAULT_LOOKS: usize = 256;
+
+/// Faults of one lookup whose read back was made stale by a checkpoint
+/// named meanwhile before the lookup reads under the write lock (so that
+/// checkpoints in a row cannot starve it).
+const STALE_FAULTS_MAX: u32 = 4;
 
 /// Turns of the clock over the resident chunks when trimming the map to
 /// its cache (after a checkpoint, an open, or a new cache size): the
@@ -102,7 +115,7 @@ pub(crate) fn read_back(
         let (at, len) = p.span(&g);
         buf.resize(len, 0);
         src.read(&chain.segments, at, &mut buf)?;
-        let runs = p.decode(&g, &buf).map_err(|group| {
+        p.check(&g, &buf).map_err(|group| {
             EngineError::Metadata(FormatError::Invalid {
                 what: "checkpoint chain",
                 why: format!(
@@ -111,9 +124,7 @@ pub(crate) fn read_back(
                 ),
             })
         })?;
-        for r in runs.into_iter().filter(|r| r.lba < hi && r.end() > lo) {
-            chunk.apply(r);
-        }
+        crate::chain_index::runs_touching(&buf, lo, hi, |r| chunk.apply(r));
     }
     Ok(chunk)
 }
@@ -164,6 +175,30 @@ impl<'a> Pager<'a> {
         self.faults += 1;
         self.evictions += out.chunks;
         Ok(())
+    }
+
+    /// Installs what fault `f` read back (`loaded`, outside the write
+    /// lock), when it is still current; makes room first. Returns false,
+    /// installing nothing, when a checkpoint named meanwhile made it stale.
+    pub fn install_read(
+        &mut self,
+        st: &mut MapState,
+        f: &Fault,
+        loaded: LoadedChunk,
+    ) -> Result<bool> {
+        if !st.map.fault_current(f) {
+            return Ok(false);
+        }
+        let looks = FAULT_LOOKS.min(st.map.resident_count());
+        let out = st.map.evict(self.cache, looks, self.below);
+        self.evictions += out.chunks;
+        let done = st
+            .map
+            .install_fault(f, loaded)
+            .map_err(EngineError::ChainMismatch)?;
+        debug_assert!(done, "eviction pages nothing in");
+        self.faults += 1;
+        Ok(true)
     }
 
     /// Runs `f` on the state, paging in each chunk it meets paged out and
@@ -231,20 +266,45 @@ pub(crate) fn page_in(inner: &Inner, st: &mut MapState, c: u64) -> Result<()> {
     paging(inner, |p| p.page_in(st, c))
 }
 
+/// Chunk `c` read back under the caller's read lock, with what the read
+/// took (None when it is not paged out, or there is no chain: the write
+/// lock's `page_in` then says so).
+fn read_under(inner: &Inner, st: &MapState, c: u64) -> Result<Option<(Fault, LoadedChunk)>> {
+    let (Some(f), Some(chain)) = (st.map.fault(c), st.chain.as_ref()) else {
+        return Ok(None);
+    };
+    let loaded = read_back_chunk(inner, chain, c, &f.pieces)?;
+    Ok(Some((f, loaded)))
+}
+
 /// Runs `f` on the state under the read lock, paging in each chunk it
-/// meets paged out and running it again.
+/// meets paged out (read back under the read lock, installed under the
+/// write lock) and running it again.
 pub(crate) fn with_map<T>(
     inner: &Inner,
     mut f: impl FnMut(&MapState) -> Result<T, Paged>,
 ) -> Result<T> {
     let mut st = inner.state.read();
+    let mut stale = 0;
     loop {
         match f(&st) {
             Ok(v) => return Ok(v),
             Err(Paged(c)) => {
+                let read = if stale < STALE_FAULTS_MAX {
+                    read_under(inner, &st, c)?
+                } else {
+                    None
+                };
                 drop(st);
                 let mut w = inner.state.write();
-                page_in(inner, &mut w, c)?;
+                match read {
+                    Some((fault, loaded)) => {
+                        if !paging(inner, |p| p.install_read(&mut w, &fault, loaded))? {
+                            stale += 1;
+                        }
+                    }
+                    None => page_in(inner, &mut w, c)?,
+                }
                 st = RwLockWriteGuard::downgrade(w);
             }
         }
