@@ -348,6 +348,57 @@ mod tests {
         MapEntry::new(offset, i, sectors, 4096 * u64::from(sectors) + 64)
     }
 
+    /// The pieces of a model checkpoint chain (a base, then deltas).
+    pub(super) type Chain = Vec<Vec<MapRun>>;
+
+    /// Chunk `c` read back from `pieces` of `chain`.
+    pub(super) fn load(chain: &Chain, c: u64, pieces: &[u16]) -> LoadedChunk {
+        let mut l = LoadedChunk::new(c);
+        for &k in pieces {
+            for run in &chain[usize::from(k)] {
+                l.apply(*run);
+            }
+        }
+        l
+    }
+
+    /// A model checkpoint of the frozen map `m` and of `never`, the map
+    /// that never pages beside it: its piece (a base when `base`, else a
+    /// delta), every chunk of `m` paged out that can be, then the piece
+    /// named in `chain`, or both maps thawed when the checkpoint `failed`.
+    pub(super) fn checkpoint(
+        m: &mut SectorMap,
+        never: &mut SectorMap,
+        chain: &mut Chain,
+        base: bool,
+        failed: bool,
+    ) {
+        let piece = if base {
+            let mut b = Vec::new();
+            m.for_each_run(|c, p| Ok::<_, ()>(load(chain, c, p)), |run| b.push(run))
+                .unwrap();
+            assert_eq!(b.len() as u64, m.base_runs());
+            b
+        } else {
+            let mut d = Vec::new();
+            m.delta_runs(|run| d.push(run));
+            d
+        };
+        m.evict(0, 2 * m.chunk_count(), u64::MAX);
+        if failed {
+            m.thaw();
+            never.thaw();
+        } else if base {
+            *chain = vec![piece];
+            m.note_base();
+            never.note_base();
+        } else {
+            chain.push(piece);
+            m.note_delta((chain.len() - 1) as u16);
+            never.note_delta((chain.len() - 1) as u16);
+        }
+    }
+
     #[test]
     fn sparse_and_counts() {
         let mut m = SectorMap::new();

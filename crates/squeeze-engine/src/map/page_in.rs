@@ -202,22 +202,9 @@ impl SectorMap {
 mod tests {
     use super::super::paging::Paged;
     use super::super::split;
-    use super::super::tests::blob;
+    use super::super::tests::{blob, checkpoint, load, Chain};
     use super::*;
     use rand::{Rng, SeedableRng};
-
-    /// The chain's pieces as a model checkpoint chain holds them.
-    type Chain = Vec<Vec<MapRun>>;
-
-    fn load(chain: &Chain, c: u64, pieces: &[u16]) -> LoadedChunk {
-        let mut l = LoadedChunk::new(c);
-        for &k in pieces {
-            for run in &chain[usize::from(k)] {
-                l.apply(*run);
-            }
-        }
-        l
-    }
 
     /// Pages chunk `c` in under the write lock, as `with_map_mut` does.
     fn fault_now(m: &mut SectorMap, chain: &Chain, c: u64) {
@@ -295,30 +282,8 @@ mod tests {
             // A checkpoint, named or failed, while faults may be reading.
             m.freeze(r.gen_range(0..2) == 0);
             never.freeze(false);
-            let base = round % 5 == 0;
-            let piece = if base {
-                let mut b = Vec::new();
-                m.for_each_run(|c, p| Ok::<_, ()>(load(&chain, c, p)), |run| b.push(run))
-                    .unwrap();
-                b
-            } else {
-                let mut d = Vec::new();
-                m.delta_runs(|run| d.push(run));
-                d
-            };
-            m.evict(0, 2 * m.chunk_count(), u64::MAX);
-            if r.gen_range(0..10) == 0 {
-                m.thaw();
-                never.thaw();
-            } else if base {
-                chain = vec![piece];
-                m.note_base();
-                never.note_base();
-            } else {
-                chain.push(piece);
-                m.note_delta((chain.len() - 1) as u16);
-                never.note_delta((chain.len() - 1) as u16);
-            }
+            let failed = r.gen_range(0..10) == 0;
+            checkpoint(&mut m, &mut never, &mut chain, round % 5 == 0, failed);
             // Every answer as the map that never pages (faults that read
             // before the checkpoint still in flight).
             for l in 0..span {

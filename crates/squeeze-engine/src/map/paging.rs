@@ -182,7 +182,7 @@ impl SectorMap {
 #[cfg(test)]
 mod tests {
     use super::super::page_in::LoadedChunk;
-    use super::super::tests::blob;
+    use super::super::tests::{blob, checkpoint, load, Chain};
     use super::*;
     use rand::{Rng, SeedableRng};
     use squeeze_format::{MapEntry, MapRun};
@@ -195,16 +195,7 @@ mod tests {
         let span = 12 * CHUNK_ENTRIES as u64;
         let mut m = SectorMap::new();
         let mut model = vec![MapEntry::UNMAPPED; span as usize];
-        let mut chain: Vec<Vec<MapRun>> = Vec::new();
-        let load = |chain: &Vec<Vec<MapRun>>, c: u64, pieces: &[u16]| {
-            let mut l = LoadedChunk::new(c);
-            for &k in pieces {
-                for run in &chain[usize::from(k)] {
-                    l.apply(*run);
-                }
-            }
-            l
-        };
+        let mut chain: Chain = Vec::new();
         let (mut faults, mut evicted) = (0, 0);
         for round in 0..80u64 {
             for k in 0..r.gen_range(1..60u64) {
@@ -300,17 +291,8 @@ mod tests {
         let span = 10 * CHUNK_ENTRIES as u64;
         let mut m = SectorMap::new();
         let mut never = SectorMap::new();
-        let mut chain: Vec<Vec<MapRun>> = Vec::new();
-        let load = |chain: &Vec<Vec<MapRun>>, c: u64, pieces: &[u16]| {
-            let mut l = LoadedChunk::new(c);
-            for &k in pieces {
-                for run in &chain[usize::from(k)] {
-                    l.apply(*run);
-                }
-            }
-            l
-        };
-        let fault = |m: &mut SectorMap, chain: &Vec<Vec<MapRun>>, c: u64| {
+        let mut chain: Chain = Vec::new();
+        let fault = |m: &mut SectorMap, chain: &Chain, c: u64| {
             let pieces = m.paged_pieces(c).unwrap();
             m.install(c, load(chain, c, &pieces)).unwrap();
         };
@@ -354,32 +336,8 @@ mod tests {
             let pressed = r.gen_range(0..2) == 0;
             m.freeze(pressed);
             never.freeze(false);
-            let base = round % 25 == 0;
-            let piece = if base {
-                let mut b = Vec::new();
-                m.for_each_run(|c, p| Ok::<_, ()>(load(&chain, c, p)), |run| b.push(run))
-                    .unwrap();
-                assert_eq!(b.len() as u64, m.base_runs());
-                b
-            } else {
-                let mut d = Vec::new();
-                m.delta_runs(|run| d.push(run));
-                d
-            };
-            m.evict(0, 2 * m.chunk_count(), u64::MAX);
             let failed = r.gen_range(0..12) == 0;
-            if failed {
-                m.thaw();
-                never.thaw();
-            } else if base {
-                chain = vec![piece];
-                m.note_base();
-                never.note_base();
-            } else {
-                chain.push(piece);
-                m.note_delta((chain.len() - 1) as u16);
-                never.note_delta((chain.len() - 1) as u16);
-            }
+            checkpoint(&mut m, &mut never, &mut chain, round % 25 == 0, failed);
             if !failed {
                 // The chain holds the map as the checkpoint saw it.
                 let mut copy = SectorMap::new();
@@ -443,7 +401,7 @@ mod tests {
     fn changes_everywhere_crowd_the_map_before_it_sticks() {
         let mut m = SectorMap::new();
         let n = CHUNK_ENTRIES as u64;
-        let mut chain: Vec<Vec<MapRun>> = Vec::new();
+        let mut chain: Chain = Vec::new();
         for c in 0..8 {
             m.set(c * n, blob(1 << 20, 1, 0)).unwrap();
         }
@@ -458,13 +416,8 @@ mod tests {
             for c in 0..8 {
                 let lba = c * n + u64::from(k);
                 while let Err(Paged(c)) = m.set(lba, blob(2 << 20, 1, 0)) {
-                    let mut l = LoadedChunk::new(c);
-                    for &p in &m.paged_pieces(c).unwrap() {
-                        for run in &chain[usize::from(p)] {
-                            l.apply(*run);
-                        }
-                    }
-                    m.install(c, l).unwrap();
+                    let pieces = m.paged_pieces(c).unwrap();
+                    m.install(c, load(&chain, c, &pieces)).unwrap();
                 }
             }
             m.freeze(true);
@@ -483,7 +436,7 @@ mod tests {
     #[test]
     fn untracked_chunks_are_rewritten_whole_then_page_out() {
         let mut m = SectorMap::new();
-        let mut chain: Vec<Vec<MapRun>> = Vec::new();
+        let mut chain: Chain = Vec::new();
         m.set(0, blob(1 << 20, 1, 0)).unwrap();
         m.freeze(true);
         let mut base = Vec::new();
