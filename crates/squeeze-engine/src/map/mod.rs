@@ -362,6 +362,13 @@ mod tests {
         l
     }
 
+    /// Pages chunk `c` of `m` in from `chain`, under the write lock as
+    /// `with_map_mut` does.
+    pub(super) fn fault_in(m: &mut SectorMap, chain: &Chain, c: u64) {
+        let pieces = m.paged_pieces(c).unwrap();
+        m.install(c, load(chain, c, &pieces)).unwrap();
+    }
+
     /// A model checkpoint of the frozen map `m` and of `never`, the map
     /// that never pages beside it: its piece (a base when `base`, else a
     /// delta), every chunk of `m` paged out that can be, then the piece

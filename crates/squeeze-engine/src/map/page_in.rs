@@ -202,15 +202,9 @@ impl SectorMap {
 mod tests {
     use super::super::paging::Paged;
     use super::super::split;
-    use super::super::tests::{blob, checkpoint, load, Chain};
+    use super::super::tests::{blob, checkpoint, fault_in, load, Chain};
     use super::*;
     use rand::{Rng, SeedableRng};
-
-    /// Pages chunk `c` in under the write lock, as `with_map_mut` does.
-    fn fault_now(m: &mut SectorMap, chain: &Chain, c: u64) {
-        let pieces = m.paged_pieces(c).unwrap();
-        m.install(c, load(chain, c, &pieces)).unwrap();
-    }
 
     /// Faults that read their chunk back outside the write lock and install
     /// it later, with writes, evictions, other faults and checkpoints
@@ -259,7 +253,7 @@ mod tests {
                             assert_eq!(old, never.set(lba, e).unwrap(), "round {round}");
                             break;
                         }
-                        Err(Paged(c)) => fault_now(&mut m, &chain, c),
+                        Err(Paged(c)) => fault_in(&mut m, &chain, c),
                     }
                 }
                 if r.gen_range(0..3) == 0 {
@@ -290,7 +284,7 @@ mod tests {
                 let got = loop {
                     match m.get(l) {
                         Ok(e) => break e,
-                        Err(Paged(c)) => fault_now(&mut m, &chain, c),
+                        Err(Paged(c)) => fault_in(&mut m, &chain, c),
                     }
                 };
                 assert_eq!(got, never.get(l).unwrap(), "round {round}, sector {l}");

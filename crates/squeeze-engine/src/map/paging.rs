@@ -182,7 +182,7 @@ impl SectorMap {
 #[cfg(test)]
 mod tests {
     use super::super::page_in::LoadedChunk;
-    use super::super::tests::{blob, checkpoint, load, Chain};
+    use super::super::tests::{blob, checkpoint, fault_in, load, Chain};
     use super::*;
     use rand::{Rng, SeedableRng};
     use squeeze_format::{MapEntry, MapRun};
@@ -216,8 +216,7 @@ mod tests {
                             i += 1;
                         }
                         Err(Paged(c)) => {
-                            let pieces = m.paged_pieces(c).unwrap();
-                            m.install(c, load(&chain, c, &pieces)).unwrap();
+                            fault_in(&mut m, &chain, c);
                             faults += 1;
                         }
                     }
@@ -244,8 +243,7 @@ mod tests {
                     match m.get(l as u64) {
                         Ok(e) => break e,
                         Err(Paged(c)) => {
-                            let pieces = m.paged_pieces(c).unwrap();
-                            m.install(c, load(&chain, c, &pieces)).unwrap();
+                            fault_in(&mut m, &chain, c);
                             faults += 1;
                         }
                     }
@@ -266,8 +264,7 @@ mod tests {
                     match m.next_mapped(lba, end) {
                         Ok(n) => break n,
                         Err(Paged(c)) => {
-                            let pieces = m.paged_pieces(c).unwrap();
-                            m.install(c, load(&chain, c, &pieces)).unwrap();
+                            fault_in(&mut m, &chain, c);
                         }
                     }
                 };
@@ -292,10 +289,6 @@ mod tests {
         let mut m = SectorMap::new();
         let mut never = SectorMap::new();
         let mut chain: Chain = Vec::new();
-        let fault = |m: &mut SectorMap, chain: &Chain, c: u64| {
-            let pieces = m.paged_pieces(c).unwrap();
-            m.install(c, load(chain, c, &pieces)).unwrap();
-        };
         let (mut with_overlay, mut faults) = (0u64, 0u64);
         for round in 0..120u64 {
             for k in 0..r.gen_range(1..80u64) {
@@ -320,7 +313,7 @@ mod tests {
                             i += 1;
                         }
                         Err(Paged(c)) => {
-                            fault(&mut m, &chain, c);
+                            fault_in(&mut m, &chain, c);
                             faults += 1;
                         }
                     }
@@ -360,7 +353,7 @@ mod tests {
                 let got = loop {
                     match m.get(l) {
                         Ok(e) => break e,
-                        Err(Paged(c)) => fault(&mut m, &chain, c),
+                        Err(Paged(c)) => fault_in(&mut m, &chain, c),
                     }
                 };
                 assert_eq!(got, never.get(l).unwrap(), "round {round}, sector {l}");
@@ -416,8 +409,7 @@ mod tests {
             for c in 0..8 {
                 let lba = c * n + u64::from(k);
                 while let Err(Paged(c)) = m.set(lba, blob(2 << 20, 1, 0)) {
-                    let pieces = m.paged_pieces(c).unwrap();
-                    m.install(c, load(&chain, c, &pieces)).unwrap();
+                    fault_in(&mut m, &chain, c);
                 }
             }
             m.freeze(true);
