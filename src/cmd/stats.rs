@@ -253,7 +253,7 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
     );
     if !s.burst_floor.is_empty() {
         outln!(
-            "burst floor            {}{}; {} stored raw under saturated cores, {} pending, {} upgraded",
+            "burst floor            {}{}; {} stored raw under saturated cores, {} pending, {} upgraded; {} probes vetoed, {} rungs skipped",
             s.burst_floor,
             if s.burst_floor == "raw" && !s.burst_raw_room_open {
                 " (room spent: lz4)"
@@ -262,7 +262,9 @@ pub fn print_stats(name: &str, s: &VolumeStats) {
             },
             human(s.burst_raw_bytes),
             human(s.burst_raw_pending_bytes),
-            human(s.burst_raw_upgraded_bytes)
+            human(s.burst_raw_upgraded_bytes),
+            s.adapt_vetoed_probes,
+            s.adapt_skipped_rungs
         );
     }
     outln!(

@@ -231,6 +231,13 @@ pub struct VolumeStats {
     pub burst_floor: String,
     #[serde(default)]
     pub burst_raw_room_open: bool,
+    /// The cost model's work since the volume opened (`pipeline::cost`):
+    /// up steps of the CPU law it vetoed (probes bound to saturate the
+    /// cores), and rungs it skipped on the way down (lz4, straight to raw).
+    #[serde(default)]
+    pub adapt_vetoed_probes: u64,
+    #[serde(default)]
+    pub adapt_skipped_rungs: u64,
     /// The codec the last client write batch got (the target, or a rung
     /// under it while the engine was behind or the cores busy).
     #[serde(default)]
@@ -329,6 +336,10 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
             ),
             None => (p.algorithm.to_string(), None, None, String::new(), false),
         }
+    };
+    let (adapt_vetoed_probes, adapt_skipped_rungs) = match &inner.policy.read().adapt {
+        Some(a) => (a.vetoed_probes(), a.skipped_rungs()),
+        None => (0, 0),
     };
     let (base_bytes, delta_bytes, deltas) = {
         let h = inner.ckpt_history.lock();
@@ -443,6 +454,8 @@ pub(crate) fn collect(inner: &Inner) -> VolumeStats {
         burst_raw_upgraded_bytes: c.get(Counter::BurstRawUpgradedBytes),
         burst_floor,
         burst_raw_room_open: room_open,
+        adapt_vetoed_probes,
+        adapt_skipped_rungs,
         upgrade_seconds: c.get(Counter::UpgradeNs) as f64 / 1e9,
         idle_algorithm: idle_algorithm.map(|a| a.to_string()).unwrap_or_default(),
         squeezed_bytes: c.get(Counter::SqueezedBytes),

@@ -146,6 +146,9 @@ fn store(
         .add(Counter::ZeroSectorsWritten, zero_sectors);
     let (items, cpu_ns) = encode(&*inner.engine, policy, codec, hint, chunk, shared, &pieces);
     inner.counters.add(Counter::CompressNs, cpu_ns);
+    if let Some(a) = &policy.adapt {
+        a.record(codec.0, chunk.len() as u64, cpu_ns);
+    }
     append_making_room(inner, &items, chunk, Room::Data)
 }
 

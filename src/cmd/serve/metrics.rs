@@ -341,6 +341,18 @@ pub(super) fn prometheus(
         |s: &VolumeStats| s.burst_raw_upgraded_bytes
     );
     m!(
+        "adapt_vetoed_probes_total",
+        "Up steps of the adaptive codec's CPU law that its cost model vetoed since the volume opened (the slower rung would have saturated the cores at the client's rate).",
+        "counter",
+        |s: &VolumeStats| s.adapt_vetoed_probes
+    );
+    m!(
+        "adapt_skipped_rungs_total",
+        "Rungs the cost model skipped on the way down since the volume opened (lz4, straight from the target to raw).",
+        "counter",
+        |s: &VolumeStats| s.adapt_skipped_rungs
+    );
+    m!(
         "upgrade_seconds_total",
         "Wall-clock seconds the idle upgrade spent (upgraded_bytes_total over it is the upgrade rate).",
         "counter",

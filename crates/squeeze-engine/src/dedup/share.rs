@@ -63,6 +63,9 @@ pub(super) fn promote(
         .collect();
     let (blob, cpu_ns) = encode(&*inner.engine, policy, codec, hint, run, buf, &pieces);
     inner.counters.add(Counter::CompressNs, cpu_ns);
+    if let Some(a) = &policy.adapt {
+        a.record(codec.0, run.len() as u64, cpu_ns);
+    }
     append_making_room(inner, &blob, run, Room::Dedup)?;
     link(inner, sharers, k, h)?;
     Ok(h)

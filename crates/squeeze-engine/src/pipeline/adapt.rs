@@ -44,6 +44,13 @@
 //!   the CPU law stands below the target). When the room runs out the rung
 //!   goes away: lz4 again. The backlog's law and the trials never store
 //!   raw (the engine has nothing to be behind on at raw).
+//! - The cost model ([`super::cost`]): at each CPU reading, the busy share
+//!   each rung would have had at the client's rate. The CPU law's up step
+//!   (a probe) is vetoed while the rung above would reach its down
+//!   threshold (a probe bound to fail: W3's copy at raw keeps the cores
+//!   60-70% busy, and lz4 at its rate would take them past 100%); a down
+//!   step from the target to the fastest rung goes on to raw at once when
+//!   the fastest would saturate the cores too.
 //!
 //! Invariants: the rung is in `0..=ladder.len()`, `ladder.len()` being the
 //! raw rung; rung 0 is the target; with adaptation off, or an engine that
@@ -52,6 +59,7 @@
 //! has only while the floor is raw and the room rule is open.
 
 use super::burst::{BurstFloor, RawRoom, RoomReading, ROOM_DEFAULT};
+use super::cost::CostModel;
 use super::headroom::BusySource;
 use super::law::{LawState, HEADROOM_LAW};
 use super::trial::{Trial, TRIAL_DEFAULT};
@@ -192,6 +200,8 @@ struct Laws {
     trial: Option<Trial>,
     /// Whether the raw rung may be taken (`super::burst`).
     room: RawRoom,
+    /// The previous CPU reading: when, and the client bytes written then.
+    last_reading: Option<(u64, u64)>,
 }
 
 /// The adaptive codec of a volume: the ladder under the policy's target
@@ -213,6 +223,12 @@ pub struct AdaptiveCodec {
     why: AtomicU8,
     /// The last busy share read, f64 bits (NaN: none yet).
     busy: AtomicU64,
+    /// What the rungs cost the cores (`super::cost`); its own lock, since
+    /// every client batch records into it.
+    cost: Mutex<CostModel>,
+    /// Up steps of the CPU law the cost model vetoed, and rungs it skipped.
+    vetoed: AtomicU64,
+    skipped: AtomicU64,
     epoch: Instant,
 }
 
@@ -231,18 +247,41 @@ impl AdaptiveCodec {
                 .map(|_| LawState::new(HEADROOM_LAW, rungs.len().min(2))),
             trial: (config.cpu.is_some() && rungs.len() > 1).then(|| Trial::new(TRIAL_DEFAULT)),
             room: RawRoom::new(ROOM_DEFAULT),
+            last_reading: None,
         });
         AdaptiveCodec {
             config,
-            rungs,
             state,
             rung: AtomicUsize::new(0),
             floor: AtomicU8::new(floor as u8),
             room_open: AtomicBool::new(true),
             why: AtomicU8::new(Why::Target as u8),
             busy: AtomicU64::new(f64::NAN.to_bits()),
+            cost: Mutex::new(CostModel::new(rungs.len())),
+            vetoed: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            rungs,
             epoch: Instant::now(),
         }
+    }
+
+    /// A client batch of `bytes` written with `alg` took `cpu_ns` of
+    /// compression (the cost model's measure; raw and rungs not on this
+    /// ladder record nothing).
+    pub fn record(&self, alg: Algorithm, bytes: u64, cpu_ns: u64) {
+        if let Some(rung) = self.rungs.iter().position(|&a| a == alg) {
+            self.cost.lock().record(rung, bytes, cpu_ns);
+        }
+    }
+
+    /// The CPU law's up steps that the cost model vetoed so far.
+    pub fn vetoed_probes(&self) -> u64 {
+        self.vetoed.load(Ordering::Relaxed)
+    }
+
+    /// The rungs the cost model skipped on the way down so far.
+    pub fn skipped_rungs(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
     }
 
     /// The configuration, with the floor in force now.
@@ -350,8 +389,25 @@ impl AdaptiveCodec {
                     cpu,
                     trial,
                     room: rule,
+                    last_reading,
                     ..
                 } = &mut *st;
+                // The window this reading covers, for the cost model.
+                let window = match reading {
+                    Some(b) => {
+                        let prev = last_reading.replace((now, written));
+                        let cores = self.config.cpu.as_ref().map_or(1.0, |c| c.cores());
+                        let mut m = self.cost.lock();
+                        let w = m.reading(
+                            b,
+                            now.saturating_sub(prev.map_or(now, |p| p.0)),
+                            cores,
+                            written.saturating_sub(prev.map_or(written, |p| p.1)),
+                        );
+                        prev.map(|_| (w, m.clone()))
+                    }
+                    None => None,
+                };
                 // The CPU law's compressing rungs; the next is raw.
                 let compressing = self.rungs.len().min(2);
                 let by_cpu = match cpu.as_mut() {
@@ -367,8 +423,44 @@ impl AdaptiveCodec {
                             };
                         self.room_open.store(rule.is_open(), Ordering::Relaxed);
                         law.set_rungs(now, compressing + usize::from(open));
+                        // The ladder's rung for each of the CPU law's.
+                        let on_ladder = |c: usize| match c {
+                            0 => 0,
+                            c if c >= compressing => self.rungs.len(),
+                            _ => self.rungs.len() - 1,
+                        };
+                        let saturates = |c: usize| {
+                            window.as_ref().is_some_and(|(w, m)| {
+                                m.predict(*w, on_ladder(c))
+                                    .is_some_and(|p| p >= HEADROOM_LAW.down_at)
+                            })
+                        };
                         match reading {
-                            Some(b) => law.sample(now, b),
+                            Some(b) => {
+                                let before = law.rung();
+                                let up_ok = before == 0 || !saturates(before - 1);
+                                let vetoes = law.vetoes();
+                                let r = law.sample_gated(now, b, up_ok);
+                                self.vetoed
+                                    .fetch_add(law.vetoes() - vetoes, Ordering::Relaxed);
+                                // From the target, lz4 is taken only when it
+                                // would leave the cores some room: not when it
+                                // would saturate them at the client's rate, nor
+                                // when the engine is behind as well (the client
+                                // wants more than the target gave it, and would
+                                // take what lz4 frees: it saturates too).
+                                let fastest_too = by_backlog > 0 || saturates(1);
+                                if before == 0
+                                    && r == 1
+                                    && compressing == 2
+                                    && law.rungs() == 3
+                                    && fastest_too
+                                {
+                                    law.skip_down(now);
+                                    self.skipped.fetch_add(1, Ordering::Relaxed);
+                                }
+                                law.rung()
+                            }
                             None => law.rung(),
                         }
                     }
@@ -426,181 +518,5 @@ impl std::fmt::Debug for AdaptiveCodec {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn alg(s: &str) -> Algorithm {
-        Algorithm::parse(s).unwrap()
-    }
-
-    #[test]
-    fn ladders() {
-        assert_eq!(
-            ladder(alg("zstd:3")),
-            vec![alg("zstd:3"), alg("zstd:1"), alg("lz4")]
-        );
-        assert_eq!(ladder(alg("zstd:1")), vec![alg("zstd:1"), alg("lz4")]);
-        // zstd's default level in squeeze is 1: no zstd:1 rung under it.
-        assert_eq!(ladder(alg("zstd")), vec![alg("zstd"), alg("lz4")]);
-        assert_eq!(
-            ladder(alg("deflate:6")),
-            vec![alg("deflate:6"), alg("deflate:1"), alg("lz4")]
-        );
-        assert_eq!(ladder(alg("lz4")), vec![alg("lz4")]);
-        assert_eq!(ladder(alg("snappy")), vec![alg("snappy"), alg("lz4")]);
-        assert_eq!(ladder(alg("none")), vec![alg("none")]);
-    }
-
-    /// A busy source that answers what it is told.
-    struct Fixed(Mutex<Option<f64>>);
-    impl BusySource for Fixed {
-        fn busy(&self) -> Option<f64> {
-            *self.0.lock()
-        }
-    }
-
-    #[test]
-    fn the_faster_rung_of_the_two_laws_wins_and_says_why() {
-        let idle_engine = squeeze_codec::CpuPool::new(1);
-        let src = Arc::new(Fixed(Mutex::new(Some(0.99))));
-        let a = AdaptiveCodec::new(
-            alg("zstd:3"),
-            AdaptConfig {
-                law: LAW_DEFAULT,
-                cpu: Some(src.clone()),
-                defer: false,
-                floor: BurstFloor::Raw,
-            },
-        );
-        // A full volume: no room for the raw rung.
-        let full = || RoomReading::default();
-        assert_eq!(a.current(), alg("zstd:3"));
-        assert_eq!(a.why(), Why::Target);
-        let t = Instant::now();
-        // Straight from the target to the ladder's fastest: zstd:1 never.
-        loop {
-            let got = a.choose(&idle_engine, 0, &full);
-            if got == alg("lz4") {
-                break;
-            }
-            assert_eq!(got, alg("zstd:3"));
-            assert!(t.elapsed().as_secs() < 10, "never stepped down");
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert_eq!(a.why(), Why::Cpu);
-        assert_eq!(a.cpu_busy(), Some(0.99));
-        // No reading: the rung holds.
-        *src.0.lock() = None;
-        assert_eq!(a.choose(&idle_engine, 0, &full), alg("lz4"));
-        assert!(!a.raw_room_open());
-        // Without a CPU source only the backlog counts: an idle engine
-        // gets the target, and nothing is read.
-        let b = AdaptiveCodec::new(alg("zstd:3"), AdaptConfig::backlog(LAW_DEFAULT));
-        assert_eq!(b.choose(&idle_engine, 0, &full), alg("zstd:3"));
-        assert_eq!(b.cpu_busy(), None);
-        assert_eq!(b.why(), Why::Target);
-    }
-
-    /// Calls `choose` every 10 ms until it returns `want` (at most 10 s).
-    fn until(a: &AdaptiveCodec, room: &dyn Fn() -> RoomReading, want: Algorithm) {
-        let idle_engine = squeeze_codec::CpuPool::new(1);
-        let t = Instant::now();
-        while a.choose(&idle_engine, 0, room) != want {
-            assert!(t.elapsed().as_secs() < 10, "never reached {want}");
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-    }
-
-    #[test]
-    fn saturated_cores_with_room_store_raw_below_lz4() {
-        let src = Arc::new(Fixed(Mutex::new(Some(0.99))));
-        let config = AdaptConfig {
-            cpu: Some(src.clone()),
-            ..AdaptConfig::backlog(LAW_DEFAULT)
-        };
-        let a = AdaptiveCodec::new(alg("zstd:3"), config.clone());
-        assert!(a.has_raw_rung());
-        let room = Mutex::new(RoomReading {
-            free_bytes: 1 << 30,
-            pending_raw_bytes: 0,
-        });
-        let read = || *room.lock();
-        // The target, lz4, then raw: zstd:1 never, lz4 on the way.
-        until(&a, &read, alg("lz4"));
-        until(&a, &read, alg("none"));
-        assert_eq!(a.why(), Why::Cpu);
-        assert_eq!(a.current(), alg("none"));
-        // The burst takes its quarter: lz4 from the next batch, and it
-        // stays lz4 while the pending bytes are above half the allowance.
-        *room.lock() = RoomReading {
-            free_bytes: 768 << 20,
-            pending_raw_bytes: 256 << 20,
-        };
-        let idle_engine = squeeze_codec::CpuPool::new(1);
-        assert_eq!(a.choose(&idle_engine, 0, &read), alg("lz4"));
-        assert!(!a.raw_room_open());
-        *room.lock() = RoomReading {
-            free_bytes: 800 << 20,
-            pending_raw_bytes: 200 << 20,
-        };
-        for _ in 0..20 {
-            assert_eq!(a.choose(&idle_engine, 0, &read), alg("lz4"));
-        }
-        // The upgrade brought the pending bytes down: raw again.
-        *room.lock() = RoomReading {
-            free_bytes: 900 << 20,
-            pending_raw_bytes: 100 << 20,
-        };
-        until(&a, &read, alg("none"));
-        // The old floor, set while at raw: lz4 from the next batch on,
-        // whatever the room.
-        a.set_floor(BurstFloor::Lz4);
-        assert!(!a.has_raw_rung());
-        for _ in 0..20 {
-            assert_eq!(a.choose(&idle_engine, 0, &read), alg("lz4"));
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        // An lz4 target's raw rung is right under it.
-        let b = AdaptiveCodec::new(alg("lz4"), config.clone());
-        until(&b, &read, alg("none"));
-        // And a target of none has none under it.
-        let c = AdaptiveCodec::new(alg("none"), config);
-        assert!(!c.has_raw_rung());
-        for _ in 0..30 {
-            assert_eq!(c.choose(&idle_engine, 0, &read), alg("none"));
-            assert_eq!(c.why(), Why::Target);
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-    }
-
-    #[test]
-    fn deferred_compression_takes_the_fastest_rung_whatever_the_signals() {
-        // An idle engine and idle cores: the laws would give the target.
-        let idle_engine = squeeze_codec::CpuPool::new(1);
-        let src = Arc::new(Fixed(Mutex::new(Some(0.0))));
-        let a = AdaptiveCodec::new(
-            alg("zstd:3"),
-            AdaptConfig {
-                law: LAW_DEFAULT,
-                cpu: Some(src),
-                defer: true,
-                floor: BurstFloor::Raw,
-            },
-        );
-        for _ in 0..3 {
-            assert_eq!(a.choose(&idle_engine, 0, &RoomReading::default), alg("lz4"));
-            assert_eq!(a.why(), Why::Deferred);
-            assert_eq!(a.current(), alg("lz4"));
-        }
-        // An lz4 target has no rung under it: it is its own.
-        let b = AdaptiveCodec::new(
-            alg("lz4"),
-            AdaptConfig {
-                defer: true,
-                ..AdaptConfig::backlog(LAW_DEFAULT)
-            },
-        );
-        assert_eq!(b.choose(&idle_engine, 0, &RoomReading::default), alg("lz4"));
-        assert_eq!(b.why(), Why::Target);
-    }
-}
+#[path = "adapt_tests.rs"]
+mod tests;

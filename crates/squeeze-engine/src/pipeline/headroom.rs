@@ -23,6 +23,13 @@ pub trait BusySource: Send + Sync {
     /// previous reading that returned a value; None when less than the
     /// source's interval has passed since then, or it cannot be read.
     fn busy(&self) -> Option<f64>;
+
+    /// How many cores the busy share is a share of (the cost model's
+    /// scale, `super::cost`): this process's available parallelism unless
+    /// the source knows better.
+    fn cores(&self) -> f64 {
+        std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
+    }
 }
 
 /// The shortest window [`ProcStat`] reads over.
@@ -67,6 +74,8 @@ pub fn parse_cpu_line(line: &str) -> Option<CpuTicks> {
 pub struct ProcStat {
     path: PathBuf,
     min_interval: Duration,
+    /// The per-CPU lines at open: the cores the aggregate line adds up.
+    cores: f64,
     /// The previous reading that returned a value (or the first, at open).
     last: Mutex<(Instant, CpuTicks)>,
 }
@@ -93,9 +102,17 @@ impl ProcStat {
                 format!("{}: no aggregate cpu line", path.display()),
             )
         })?;
+        let per_cpu = std::fs::read_to_string(&path)?
+            .lines()
+            .filter(|l| {
+                l.strip_prefix("cpu")
+                    .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
+            })
+            .count();
         Ok(ProcStat {
             path,
             min_interval,
+            cores: per_cpu.max(1) as f64,
             last: Mutex::new((Instant::now(), ticks)),
         })
     }
@@ -127,6 +144,10 @@ impl BusySource for ProcStat {
         }
         *last = (now, ticks);
         Some(busy as f64 / total as f64)
+    }
+
+    fn cores(&self) -> f64 {
+        self.cores
     }
 }
 
@@ -162,6 +183,7 @@ mod tests {
         };
         write(1000, 1000);
         let s = ProcStat::at(f.clone(), Duration::ZERO).unwrap();
+        assert_eq!(s.cores(), 1.0, "one per-CPU line");
         write(1090, 1010);
         assert_eq!(s.busy(), Some(0.9));
         // Nothing counted since: no reading, and the next one covers both.
@@ -196,5 +218,14 @@ mod tests {
         }
         let b = s.busy().expect("a reading after the interval");
         assert!((0.0..=1.0).contains(&b), "{b}");
+        // Its cores: as many as /proc/stat has per-CPU lines, at least the
+        // ones this process may run on.
+        let lines = std::fs::read_to_string("/proc/stat").unwrap();
+        let n = lines
+            .lines()
+            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+            .count();
+        assert_eq!(s.cores(), n as f64);
+        assert!(s.cores() >= std::thread::available_parallelism().unwrap().get() as f64);
     }
 }

@@ -107,6 +107,8 @@ pub struct LawState {
     /// When the up-hold was last doubled, halved or a down step taken.
     relaxed_ns: u64,
     changes: u64,
+    /// Up steps the caller vetoed ([`LawState::sample_gated`]).
+    vetoes: u64,
 }
 
 impl LawState {
@@ -125,6 +127,7 @@ impl LawState {
             last_up: false,
             relaxed_ns: 0,
             changes: 0,
+            vetoes: 0,
         }
     }
 
@@ -135,6 +138,11 @@ impl LawState {
     /// Rung changes so far.
     pub fn changes(&self) -> u64 {
         self.changes
+    }
+
+    /// Up steps vetoed so far (each sample that would have stepped).
+    pub fn vetoes(&self) -> u64 {
+        self.vetoes
     }
 
     /// The current up-hold.
@@ -172,6 +180,15 @@ impl LawState {
     /// Feeds one sample (`backlog` raw bytes per worker at `now_ns`, which
     /// never goes back) and returns the rung for the batch about to go.
     pub fn sample(&mut self, now_ns: u64, backlog: f64) -> usize {
+        self.sample_gated(now_ns, backlog, true)
+    }
+
+    /// [`LawState::sample`], with up steps allowed only while `up_ok` (the
+    /// caller's prediction that the slower rung would not saturate what
+    /// the law watches: `super::cost`). A vetoed up step is not a probe:
+    /// the low spell goes on, and the step (one rung) comes with the first
+    /// sample that allows it.
+    pub fn sample_gated(&mut self, now_ns: u64, backlog: f64, up_ok: bool) -> usize {
         let law = self.law;
         // Where a hold that starts with this sample counts from.
         let start = match (law.averaged, self.load) {
@@ -213,8 +230,16 @@ impl LawState {
             }
         } else if load <= law.up_at {
             self.high_since = None;
-            let since = *self.low_since.get_or_insert(start);
-            if self.rung > 0 && now_ns - since >= self.up_hold_ns {
+            let mut since = *self.low_since.get_or_insert(start);
+            if !up_ok {
+                // Vetoed: the spell qualifies for one step, not for as many
+                // as it lasted up-holds (those are for a quiet spell).
+                if self.rung > 0 && now_ns - since >= self.up_hold_ns {
+                    self.vetoes += 1;
+                }
+                since = since.max(now_ns.saturating_sub(self.up_hold_ns));
+                self.low_since = Some(since);
+            } else if self.rung > 0 && now_ns - since >= self.up_hold_ns {
                 // An averaged reading after a quiet spell covers several
                 // up-holds: as many rungs up (the first write after an
                 // idle minute gets the target, not one rung of it).
@@ -232,6 +257,18 @@ impl LawState {
             self.low_since = None;
         }
         self.rung
+    }
+
+    /// One more rung down at once, right after a down step, when the
+    /// caller predicts the rung just taken would saturate too (`super::cost`):
+    /// a burst goes from the target to raw in one window instead of two.
+    /// Nothing when the law is on its last rung.
+    pub fn skip_down(&mut self, now_ns: u64) {
+        if self.rung + 1 < self.rungs {
+            self.last_up = false;
+            self.relaxed_ns = now_ns;
+            self.step(now_ns, self.rung + 1);
+        }
     }
 
     fn step(&mut self, now_ns: u64, rung: usize) {
@@ -541,5 +578,44 @@ mod tests {
         st.sample(2_000 * MS, 0.99);
         assert_eq!(st.sample(4_000 * MS, 0.99), 2);
         assert_eq!(st.sample(64_000 * MS, 0.1), 0);
+    }
+
+    #[test]
+    fn a_vetoed_up_step_waits_for_the_first_sample_that_allows_it() {
+        // At raw, the cores at 60%: the law would probe lz4 after the
+        // up-hold; the caller's prediction forbids it for 5 s.
+        let mut st = LawState::new(HEADROOM_LAW, 3);
+        run_cpu(&mut st, 0, 1_000, &[0.99; 3]);
+        assert_eq!(st.rung(), RAW);
+        let changes = st.changes();
+        for t in (1_000..6_000).step_by(100) {
+            assert_eq!(st.sample_gated(t * MS, 0.6, false), RAW);
+        }
+        assert_eq!(st.changes(), changes, "no probe while vetoed");
+        // Vetoed from the first sample a whole up-hold into the spell.
+        assert!((39..=41).contains(&st.vetoes()), "{}", st.vetoes());
+        // Allowed: the low spell counted all along, so the step is at once
+        // (and one rung only: the readings were short windows).
+        assert_eq!(st.sample_gated(6_000 * MS, 0.6, true), LZ4);
+        // The veto holds nothing else: down steps go on as before.
+        let mut st = LawState::new(HEADROOM_LAW, 3);
+        assert_eq!(st.sample_gated(0, 0.99, false), TARGET);
+        assert_eq!(st.sample_gated(100 * MS, 0.99, false), LZ4);
+    }
+
+    #[test]
+    fn a_skip_goes_one_more_rung_down_at_once() {
+        let mut st = LawState::new(HEADROOM_LAW, 3);
+        st.sample(0, 0.99);
+        assert_eq!(st.sample(100 * MS, 0.99), LZ4);
+        st.skip_down(100 * MS);
+        assert_eq!(st.rung(), RAW);
+        assert_eq!(st.changes(), 2);
+        // Nothing below the last rung.
+        st.skip_down(200 * MS);
+        assert_eq!(st.rung(), RAW);
+        assert_eq!(st.changes(), 2);
+        // Not a failed probe: the up-hold is where it was.
+        assert_eq!(st.up_hold_ns(), HEADROOM_LAW.up_hold_min_ns);
     }
 }
