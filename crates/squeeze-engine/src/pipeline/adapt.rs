@@ -50,7 +50,8 @@
 //!   threshold (a probe bound to fail: W3's copy at raw keeps the cores
 //!   60-70% busy, and lz4 at its rate would take them past 100%); a down
 //!   step from the target to the fastest rung goes on to raw at once when
-//!   the fastest would saturate the cores too.
+//!   the fastest would saturate the cores too. Only measured costs
+//!   predict.
 //!
 //! Invariants: the rung is in `0..=ladder.len()`, `ladder.len()` being the
 //! raw rung; rung 0 is the target; with adaptation off, or an engine that
@@ -443,18 +444,14 @@ impl AdaptiveCodec {
                                 let r = law.sample_gated(now, b, up_ok);
                                 self.vetoed
                                     .fetch_add(law.vetoes() - vetoes, Ordering::Relaxed);
-                                // From the target, lz4 is taken only when it
-                                // would leave the cores some room: not when it
-                                // would saturate them at the client's rate, nor
-                                // when the engine is behind as well (the client
-                                // wants more than the target gave it, and would
-                                // take what lz4 frees: it saturates too).
-                                let fastest_too = by_backlog > 0 || saturates(1);
+                                // From the target, lz4 is taken only when its
+                                // measured cost would leave the cores room at
+                                // the client's rate.
                                 if before == 0
                                     && r == 1
                                     && compressing == 2
                                     && law.rungs() == 3
-                                    && fastest_too
+                                    && saturates(1)
                                 {
                                     law.skip_down(now);
                                     self.skipped.fetch_add(1, Ordering::Relaxed);
