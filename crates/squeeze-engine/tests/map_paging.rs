@@ -233,6 +233,17 @@ fn a_map_bigger_than_its_cache_opens_within_it() {
     let v = Volume::create_with(s.clone(), &small_opts(SIZE), OpenOptions::default()).unwrap();
     let mut model = vec![0u8; SIZE as usize];
     scatter(&v, &mut model, 21, 20_000);
+    // One two-sector record in each chunk keeps its dense entries at 8
+    // bytes (one-sector records alone take 5: `map/dense.rs`), so the map
+    // is several times the bound below.
+    let mut r = rng(22);
+    for c in 0..SIZE / (2 * MIB) {
+        let off = c * 2 * MIB + 8192;
+        let d = data(&mut r, 3, 8192);
+        v.write(off, &d, false).unwrap();
+        model[off as usize..off as usize + 8192].copy_from_slice(&d);
+    }
+    v.flush().unwrap();
     v.checkpoint().unwrap();
     for round in 0..3u64 {
         scatter(&v, &mut model, 30 + round, 2000);

@@ -12,8 +12,8 @@
 //! a server's O_DIRECT write-behind pool of 32 MiB (with
 //! `SQUEEZE_IO=direct`, a pool of 1 MiB); small segments keep what the
 //! cleaner and the idle upgrade find to move in one victim small. With
-//! both, what the process holds is the sector map (8 bytes per mapped
-//! bucket, bounded by `VolumeOptions::map_cache`) plus a few MiB
+//! both, what the process holds is the sector map (5 bytes per mapped
+//! bucket since session 27, bounded by `VolumeOptions::map_cache`) plus a few MiB
 //! (docs/KV.md, "Memory").
 
 use crate::Result;
@@ -72,7 +72,8 @@ fn file_options() -> FileOptions {
 /// RocksDB's), but then nearly every operation reads a chunk back (5.06 M
 /// faults over the 5 M-record load, 1.03 M over 1 M operations of A): A
 /// fell to 8 k ops/s on a busy machine. Until a fault costs far less, the
-/// default keeps the benchmark's map (10.4 MiB) resident.
+/// default keeps the benchmark's map resident: 6.7 MiB since its dense
+/// chunks hold 5 bytes an entry (session 27; 10.4 before).
 pub const MAP_CACHE_DEFAULT: u64 = 32 << 20;
 
 /// How a store's own volume is made, beside its bucket count.

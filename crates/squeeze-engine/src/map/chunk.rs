@@ -4,8 +4,9 @@
 //!   sector), where the sectors of a run are consecutive sectors of one
 //!   record. Data written in blobs needs one run per blob: a 64 KiB blob
 //!   costs 16 bytes for its 16 sectors, 1 byte per sector.
-//! - **dense**: 512 entries, 8 bytes per sector, once runs would cost more
-//!   (after scattered 4 KiB overwrites, past [`RUNS_MAX`] runs).
+//! - **dense**: 512 entries, once runs would cost more (after scattered
+//!   4 KiB overwrites, past [`RUNS_MAX`] runs): 5 bytes per sector while
+//!   they are single-sector records, else 8 (`dense`).
 //!
 //! Also the run arithmetic the map's checkpoint side uses: grouping entries
 //! into maximal runs (`group_runs`) and joining runs across chunk edges
@@ -14,6 +15,7 @@
 //! Invariants: `mapped` = the mapped sectors of the chunk; runs are sorted,
 //! disjoint, non-empty, and two adjacent runs are never mergeable.
 
+use super::dense::DenseEntries;
 use squeeze_format::{MapEntry, MapRun, CHUNK_ENTRIES};
 
 /// A run of sectors `start..start+len` (chunk-relative) mapped to
@@ -52,19 +54,17 @@ pub(super) fn follows(prev: MapEntry, next: MapEntry) -> bool {
     }
 }
 
-/// More runs than this and a chunk turns dense (runs cost 16 bytes each
-/// with the vector's slack; dense costs 4096).
-pub(super) const RUNS_MAX: usize = 160;
+/// More runs than this and a chunk turns dense. Runs cost 16 bytes each,
+/// and the vector doubles: 128 runs fill 2 KiB, the 129th makes it 4 KiB,
+/// where dense costs 2560 (single-sector records) or 4096. At 160, every
+/// chunk of squeeze-kv's store held a 4 KiB run list at once while it
+/// loaded, and the 2560-byte dense chunks that replaced them left those
+/// holes in malloc's heap: peak RSS fell 1 MiB where the map fell 3.6.
+pub(super) const RUNS_MAX: usize = 128;
 
 pub(super) enum Chunk {
-    Runs {
-        runs: Vec<Run>,
-        mapped: u32,
-    },
-    Dense {
-        entries: Box<[MapEntry; CHUNK_ENTRIES]>,
-        mapped: u32,
-    },
+    Runs { runs: Vec<Run>, mapped: u32 },
+    Dense { entries: DenseEntries, mapped: u32 },
 }
 
 impl Chunk {
@@ -86,7 +86,7 @@ impl Chunk {
     pub(super) fn runs(&self) -> u64 {
         match self {
             Chunk::Runs { runs, .. } => runs.len() as u64,
-            Chunk::Dense { entries, .. } => count_runs(&entries[..]),
+            Chunk::Dense { entries, .. } => entries.with_slice(count_runs),
         }
     }
 
@@ -102,13 +102,13 @@ impl Chunk {
                     });
                 }
             }
-            Chunk::Dense { entries, .. } => group_runs(base, &entries[..], false, f),
+            Chunk::Dense { entries, .. } => entries.with_slice(|e| group_runs(base, e, false, f)),
         }
     }
 
     pub(super) fn get(&self, i: u16) -> MapEntry {
         match self {
-            Chunk::Dense { entries, .. } => entries[i as usize],
+            Chunk::Dense { entries, .. } => entries.get(i),
             Chunk::Runs { runs, .. } => {
                 let k = runs.partition_point(|r| r.end() <= i);
                 match runs.get(k) {
@@ -122,9 +122,7 @@ impl Chunk {
     /// Entries `i..i + out.len()` (one run search, then a walk).
     pub(super) fn get_range(&self, i: u16, out: &mut [MapEntry]) {
         match self {
-            Chunk::Dense { entries, .. } => {
-                out.copy_from_slice(&entries[i as usize..i as usize + out.len()]);
-            }
+            Chunk::Dense { entries, .. } => entries.get_range(i, out),
             Chunk::Runs { runs, .. } => {
                 let mut k = runs.partition_point(|r| r.end() <= i);
                 for (j, o) in out.iter_mut().enumerate() {
@@ -141,26 +139,11 @@ impl Chunk {
         }
     }
 
-    pub(super) fn to_dense(&self) -> Box<[MapEntry; CHUNK_ENTRIES]> {
-        match self {
-            Chunk::Dense { entries, .. } => entries.clone(),
-            Chunk::Runs { runs, .. } => {
-                let mut d = Box::new([MapEntry::UNMAPPED; CHUNK_ENTRIES]);
-                for r in runs {
-                    for i in r.start..r.end() {
-                        d[i as usize] = r.entry(i);
-                    }
-                }
-                d
-            }
-        }
-    }
-
     /// Sets entry `i`, returning the old one.
     pub(super) fn set(&mut self, i: u16, e: MapEntry) -> MapEntry {
         match self {
             Chunk::Dense { entries, mapped } => {
-                let old = std::mem::replace(&mut entries[i as usize], e);
+                let old = entries.set(i, e);
                 *mapped = *mapped + u32::from(e.is_mapped()) - u32::from(old.is_mapped());
                 old
             }
@@ -168,9 +151,7 @@ impl Chunk {
                 let old = set_in_runs(runs, i, e);
                 *mapped = *mapped + u32::from(e.is_mapped()) - u32::from(old.is_mapped());
                 if runs.len() > RUNS_MAX {
-                    let entries = self.to_dense();
-                    let m = self.mapped();
-                    *self = Chunk::Dense { entries, mapped: m };
+                    self.make_dense();
                 }
                 old
             }
@@ -186,7 +167,7 @@ impl Chunk {
             Chunk::Dense { entries, mapped } => {
                 for k in 0..n {
                     let e = first.advance(u32::from(k));
-                    let old = std::mem::replace(&mut entries[usize::from(i + k)], e);
+                    let old = entries.set(i + k, e);
                     *mapped = *mapped + u32::from(e.is_mapped()) - u32::from(old.is_mapped());
                 }
             }
@@ -237,26 +218,40 @@ impl Chunk {
                 }
                 *mapped = *mapped - removed + if first.is_mapped() { u32::from(n) } else { 0 };
                 if runs.len() > RUNS_MAX {
-                    let entries = self.to_dense();
-                    let m = self.mapped();
-                    *self = Chunk::Dense { entries, mapped: m };
+                    self.make_dense();
                 }
             }
         }
     }
 
+    /// Turns a run list dense (past `RUNS_MAX` runs), narrow unless an
+    /// entry needs 8 bytes (no 4 KiB array in between).
+    pub(super) fn make_dense(&mut self) {
+        if let Chunk::Runs { runs, mapped } = self {
+            let mut entries = DenseEntries::unmapped();
+            for r in runs.iter() {
+                for i in r.start..r.end() {
+                    entries.set(i, r.entry(i));
+                }
+            }
+            let mapped = *mapped;
+            *self = Chunk::Dense { entries, mapped };
+        }
+    }
+
     pub(super) fn memory_bytes(&self) -> usize {
         match self {
-            Chunk::Dense { .. } => CHUNK_ENTRIES * 8,
+            Chunk::Dense { entries, .. } => entries.memory_bytes(),
             Chunk::Runs { runs, .. } => runs.capacity() * std::mem::size_of::<Run>(),
         }
     }
 
     /// Builds the cheaper form from dense entries.
-    pub(super) fn from_dense(entries: Box<[MapEntry; CHUNK_ENTRIES]>) -> Chunk {
-        let mapped = entries.iter().filter(|e| e.is_mapped()).count() as u32;
+    pub(super) fn from_dense(entries: DenseEntries) -> Chunk {
+        let mapped = entries.with_slice(|s| s.iter().filter(|e| e.is_mapped()).count()) as u32;
         let mut runs: Vec<Run> = Vec::new();
-        for (i, &e) in entries.iter().enumerate() {
+        for i in 0..CHUNK_ENTRIES {
+            let e = entries.get(i as u16);
             if !e.is_mapped() {
                 continue;
             }

@@ -21,6 +21,7 @@
 //! read.
 
 use super::chunk::{Chunk, RUNS_MAX};
+use super::dense::DenseEntries;
 use super::{SectorMap, Slot};
 use crate::error::ChunkMismatch;
 use squeeze_format::{MapEntry, MapRun, CHUNK_ENTRIES};
@@ -41,7 +42,7 @@ impl LoadedChunk {
         LoadedChunk {
             base: c * CHUNK_ENTRIES as u64,
             chunk: Chunk::Dense {
-                entries: Box::new([MapEntry::UNMAPPED; CHUNK_ENTRIES]),
+                entries: DenseEntries::unmapped(),
                 mapped: 0,
             },
         }

@@ -6,6 +6,7 @@
 //! changes.
 
 use super::chunk::{follows, group_runs, join, Chunk, Run, RUNS_MAX};
+use super::dense::DenseEntries;
 use super::dirty_bits::is_marked;
 use super::page_in::LoadedChunk;
 use super::pieces::Pieces;
@@ -142,16 +143,14 @@ impl SectorMap {
                 }
                 Chunk::Dense { entries, mapped } => {
                     for k in 0..n {
-                        debug_assert!(!entries[usize::from(i + k)].is_mapped());
-                        entries[usize::from(i + k)] = first.advance(u32::from(k));
+                        let old = entries.set(i + k, first.advance(u32::from(k)));
+                        debug_assert!(!old.is_mapped());
                     }
                     *mapped += u32::from(n);
                 }
             }
             if too_many_runs {
-                let entries = ch.to_dense();
-                let m = ch.mapped();
-                *ch = Chunk::Dense { entries, mapped: m };
+                ch.make_dense();
             }
             self.weight = self.weight + ch.weight() - before;
             self.chunk_bytes = self.chunk_bytes + ch.memory_bytes() as u64 - before_b;
@@ -204,7 +203,7 @@ impl SectorMap {
 
     /// Installs a whole chunk read from a format 1 checkpoint.
     pub fn load_chunk(&mut self, index: u64, entries: Box<[MapEntry; CHUNK_ENTRIES]>) {
-        let ch = Chunk::from_dense(entries);
+        let ch = Chunk::from_dense(DenseEntries::from_array(entries));
         if ch.mapped() == 0 {
             return;
         }

@@ -37,11 +37,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Relocated payload bytes per log append (bounds the memory of a pass).
-const APPEND_BYTES_MAX: usize = 512 << 10;
-/// Bytes of a victim read at a time (at most the segment): more than the
-/// largest record, so a window always holds a whole one. The cleaner's
-/// read buffer, whatever the segment size.
-const WINDOW_BYTES: usize = 512 << 10;
+/// 256 KiB, and a window of 384 KiB, since session 27: at 512 KiB each
+/// the cleaner held about a third of squeeze-kv's peak heap at 1 M YCSB
+/// records (heaptrack; docs/KV.md, "Memory").
+const APPEND_BYTES_MAX: usize = 256 << 10;
+/// Bytes of a victim read at a time (at most the segment): more than
+/// twice the largest record, so a window always holds a whole one. The
+/// cleaner's read buffer, whatever the segment size.
+const WINDOW_BYTES: usize = 384 << 10;
 const _: () = assert!(WINDOW_BYTES as u64 > 2 * MAX_RECORD_BYTES);
 
 /// How a victim's live records are rewritten.
