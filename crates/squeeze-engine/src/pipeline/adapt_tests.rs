@@ -184,27 +184,32 @@ fn drive(
     }
 }
 
+/// A zstd:3 target on [`Two`] cores read 99% busy, with room for raw.
+fn on_two_saturated_cores() -> (Arc<Two>, AdaptiveCodec) {
+    let src = Arc::new(Two(Mutex::new(0.99)));
+    let config = AdaptConfig {
+        cpu: Some(src.clone()),
+        ..AdaptConfig::backlog(LAW_DEFAULT)
+    };
+    (src, AdaptiveCodec::new(alg("zstd:3"), config))
+}
+
+/// A terabyte free and nothing pending: the raw rung is always open.
+const ROOM: fn() -> RoomReading = || RoomReading {
+    free_bytes: 1 << 40,
+    pending_raw_bytes: 0,
+};
+
 #[test]
 fn the_cost_model_skips_lz4_and_vetoes_probes_bound_to_fail() {
-    let src = Arc::new(Two(Mutex::new(0.99)));
-    let a = AdaptiveCodec::new(
-        alg("zstd:3"),
-        AdaptConfig {
-            cpu: Some(src.clone()),
-            ..AdaptConfig::backlog(LAW_DEFAULT)
-        },
-    );
-    let room = || RoomReading {
-        free_bytes: 1 << 40,
-        pending_raw_bytes: 0,
-    };
+    let (src, a) = on_two_saturated_cores();
     // Measured by earlier batches: the target costs 5 ns a byte, lz4 2.5.
     a.record(alg("zstd:3"), 1 << 20, 5 << 20);
     a.record(alg("lz4"), 1 << 20, 5 << 19);
     // A client at 1 GB/s on 2 saturated cores: lz4 would take 1.25
     // cores of the 2 by itself, so from the target straight to raw.
     let mut written = 0;
-    let got = drive(&a, &room, 1.0, &mut written, 10, &|g| g == alg("none"));
+    let got = drive(&a, &ROOM, 1.0, &mut written, 10, &|g| g == alg("none"));
     assert_eq!(got.last(), Some(&alg("none")), "never stored raw");
     assert!(!got.contains(&alg("lz4")), "{got:?}");
     assert_eq!(a.skipped_rungs(), 1);
@@ -214,11 +219,11 @@ fn the_cost_model_skips_lz4_and_vetoes_probes_bound_to_fail() {
     // longer than the law's up-hold.
     *src.0.lock() = 0.6;
     let hold = HEADROOM_LAW.up_hold_min_ns.div_ceil(1_000_000_000) + 1;
-    let got = drive(&a, &room, 1.0, &mut written, hold, &|g| g != alg("none"));
+    let got = drive(&a, &ROOM, 1.0, &mut written, hold, &|g| g != alg("none"));
     assert!(got.iter().all(|&g| g == alg("none")), "{got:?}");
     assert!(a.vetoed_probes() > 0);
     // The client stops: lz4 fits now, and the probe comes.
-    let got = drive(&a, &room, 0.0, &mut written, 10, &|g| g != alg("none"));
+    let got = drive(&a, &ROOM, 0.0, &mut written, 10, &|g| g != alg("none"));
     assert_eq!(got.last(), Some(&alg("lz4")), "{got:?}");
 }
 
@@ -227,25 +232,14 @@ fn without_a_measured_cost_the_law_goes_through_lz4_and_probes() {
     // lz4 never measured (only the target was): no prediction for it, the
     // law alone (as before the model): the target, lz4, raw; then a probe
     // of lz4 after the hold, however expensive the target is.
-    let src = Arc::new(Two(Mutex::new(0.99)));
-    let a = AdaptiveCodec::new(
-        alg("zstd:3"),
-        AdaptConfig {
-            cpu: Some(src.clone()),
-            ..AdaptConfig::backlog(LAW_DEFAULT)
-        },
-    );
-    let room = || RoomReading {
-        free_bytes: 1 << 40,
-        pending_raw_bytes: 0,
-    };
+    let (src, a) = on_two_saturated_cores();
     a.record(alg("zstd:3"), 1 << 20, 50 << 20);
     let mut written = 0;
-    let got = drive(&a, &room, 1.0, &mut written, 10, &|g| g == alg("none"));
+    let got = drive(&a, &ROOM, 1.0, &mut written, 10, &|g| g == alg("none"));
     assert!(got.contains(&alg("lz4")), "{got:?}");
     assert_eq!(got.last(), Some(&alg("none")));
     *src.0.lock() = 0.6;
-    let got = drive(&a, &room, 1.0, &mut written, 10, &|g| g != alg("none"));
+    let got = drive(&a, &ROOM, 1.0, &mut written, 10, &|g| g != alg("none"));
     assert_eq!(got.last(), Some(&alg("lz4")), "{got:?}");
     assert_eq!((a.skipped_rungs(), a.vetoed_probes()), (0, 0));
 }
