@@ -200,7 +200,13 @@ fn without_background_threads_the_writers_allocate_one_step_at_a_time() {
 #[test]
 fn a_full_disk_under_the_allocator_gives_enospc_and_recovers() {
     let s = Recording::new();
-    let v = Volume::create_with(s.clone(), &CreateOptions::new(256 * MIB), background()).unwrap();
+    // Segments larger than ALLOC_AHEAD, so the allocator's second request
+    // still lies inside the head segment.
+    let opts = CreateOptions {
+        segment_size: 4 * ALLOC_AHEAD,
+        ..CreateOptions::new(1024 * MIB)
+    };
+    let v = Volume::create_with(s.clone(), &opts, background()).unwrap();
     let mut r = rng(33);
     let keep = data(&mut r, 1, MIB as usize);
     v.write(0, &keep, true).unwrap();

@@ -28,8 +28,8 @@
 //! client's flush (at most once a second, `RELEASE_EVERY`), when clients
 //! idle, and on close, the head segment keeps only the step its head is in
 //! (`release`). So `du` of a volume that went quiet counts its records, not
-//! 8 MiB of reservation (2% of the W3 tar's 360 MB: the harness measures
-//! right after the client's final flush).
+//! ALLOC_AHEAD of reservation (the harness measures right after the
+//! client's final flush).
 //!
 //! Invariants:
 //! - `allocated_end` grows only after the fallocate of the bytes below it
@@ -58,8 +58,13 @@ use crate::state::Inner;
 /// Granularity of backing-file allocation inside a log segment.
 pub const ALLOC_STEP: u64 = 1 << 20;
 
-/// How far past the head the allocator keeps the head segment allocated.
-pub const ALLOC_AHEAD: u64 = 8 << 20;
+/// How far past the head the allocator keeps the head segment allocated:
+/// a default segment's whole. Each fallocate waits for the direct writes in
+/// flight and holds new ones back (ext4's exclusive inode lock and
+/// `inode_dio_wait`), so fewer, larger ones: at 8 MiB (sessions 12-26) the
+/// W3 copy made about 330 and its writes waited behind them; at 32 MiB it
+/// copied 11% faster (docs/benchmarks.md, "Adaptive codec", session 27).
+pub const ALLOC_AHEAD: u64 = 32 << 20;
 
 /// How long a release waits for the allocator's pending request (one
 /// fallocate: about 0.3 ms here).
