@@ -105,8 +105,9 @@ fn print_server(v: &serde_json::Value) {
         n("protocol_errors")
     );
     outln!(
-        "nbd requests           read {}, write {}, flush {}, trim {}, write_zeroes {}, block_status {}, disc {}, other {}",
+        "nbd requests           read {} ({} answered by the connection's reader), write {}, flush {}, trim {}, write_zeroes {}, block_status {}, disc {}, other {}",
         q("read"),
+        n("reads_inline"),
         q("write"),
         q("flush"),
         q("trim"),

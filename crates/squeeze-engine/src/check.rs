@@ -7,6 +7,7 @@
 
 use crate::damage::RecoveryDamage;
 use crate::read::read_extent;
+use crate::storage::Fetch;
 use crate::volume::Volume;
 use squeeze_format::map_entry::is_shared;
 use squeeze_format::{Superblock, SECTOR_SIZE, SUPERBLOCK_SIZE};
@@ -111,7 +112,7 @@ pub fn check(vol: &Volume, mut progress: impl FnMut(u64, u64)) -> CheckReport {
             let n = j - i;
             let res = {
                 let _gate = inner.gate.read();
-                read_extent(inner, e, lba, &mut out[..n * SECTOR_SIZE], true)
+                read_extent(inner, e, lba, &mut out[..n * SECTOR_SIZE], Fetch::Stream)
             };
             if let Err(err) = res {
                 if n == 1 {
@@ -126,7 +127,13 @@ pub fn check(vol: &Volume, mut progress: impl FnMut(u64, u64)) -> CheckReport {
                         let res = {
                             let _gate = inner.gate.read();
                             let ek = entries[i + k].1;
-                            read_extent(inner, ek, lba + k as u64, &mut out[..SECTOR_SIZE], true)
+                            read_extent(
+                                inner,
+                                ek,
+                                lba + k as u64,
+                                &mut out[..SECTOR_SIZE],
+                                Fetch::Stream,
+                            )
                         };
                         let failed = res.is_err();
                         match res {

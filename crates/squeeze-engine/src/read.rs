@@ -10,6 +10,7 @@ use crate::error::{EngineError, Result};
 use crate::meta::pager;
 use crate::state::Inner;
 use crate::storage::aligned::{AlignedBuf, BLOCK};
+use crate::storage::{not_cached, Fetch};
 use squeeze_codec::CodecError;
 use squeeze_format::map_entry::is_shared;
 use squeeze_format::{CodecId, FormatError, MapEntry, RecordHeader, RECORD_ALIGN, SECTOR_SIZE};
@@ -39,18 +40,19 @@ const _: () = assert!(
 
 /// Reads the sectors `out` covers from the record `e` points at (the first
 /// of them is `lba`, at index `e.index()` of the record).
-/// With `stream`, through `Storage::read_stream`. On a volume that chunks
-/// its blobs, a read of at most a quarter of a record reads its head first
-/// and, if it is chunked, only the chunks it needs.
+/// The log is read as `fetch` says (`Fetch::Stream`: through
+/// `Storage::read_stream`). On a volume that chunks its blobs, a read of at
+/// most a quarter of a record reads its head first and, if it is chunked,
+/// only the chunks it needs.
 pub(crate) fn read_extent(
     inner: &Inner,
     e: MapEntry,
     lba: u64,
     out: &mut [u8],
-    stream: bool,
+    fetch: Fetch,
 ) -> Result<()> {
     let len = e.record_len() as usize;
-    if stream {
+    if fetch == Fetch::Stream {
         return with_stream(inner, e.record_offset(), len, |rec| {
             decode_extent(inner, e, lba, rec, out)
         });
@@ -64,10 +66,10 @@ pub(crate) fn read_extent(
             && inner.policy.read().policy.read_chunk != 0
         {
             rec.resize(HEAD_READ, 0);
-            read_log(inner, rec, e.record_offset())?;
+            read_log(inner, rec, e.record_offset(), fetch)?;
             let h = check_header(inner, e, lba, rec)?;
             if h.is_chunked() {
-                return read_chunks(inner, e, lba, &h, rec, out);
+                return read_chunks(inner, e, lba, &h, rec, out, fetch);
             }
             // One frame: the rest of the record too.
             rec.resize(len, 0);
@@ -75,11 +77,12 @@ pub(crate) fn read_extent(
                 inner,
                 &mut rec[HEAD_READ..],
                 e.record_offset() + HEAD_READ as u64,
+                fetch,
             )?;
             return decode_extent(inner, e, lba, rec, out);
         }
         rec.resize(len, 0);
-        read_log(inner, rec, e.record_offset())?;
+        read_log(inner, rec, e.record_offset(), fetch)?;
         decode_extent(inner, e, lba, rec, out)
     })
 }
@@ -105,13 +108,14 @@ fn with_stream<R>(
             *buf = Some(AlignedBuf::new(n.next_multiple_of(1 << 20)));
         }
         let bytes = &mut buf.as_mut().expect("stream buffer")[..n];
-        inner.storage.read_stream(bytes, start)?;
+        inner.storage.fetch(bytes, start, Fetch::Stream)?;
         f(&bytes[at..at + len])
     })
 }
 
 /// Reads and decodes the chunks of the chunked record `h` (at `e`, its
-/// head in `head`) that hold the sectors `out` covers: one read for them.
+/// head in `head`) that hold the sectors `out` covers: one read for them,
+/// fetched as `fetch` says.
 fn read_chunks(
     inner: &Inner,
     e: MapEntry,
@@ -119,6 +123,7 @@ fn read_chunks(
     h: &RecordHeader,
     head: &[u8],
     out: &mut [u8],
+    fetch: Fetch,
 ) -> Result<()> {
     let hl = h.header_len();
     let fail = |err| chunk_failed(inner, lba, err);
@@ -133,7 +138,12 @@ fn read_chunks(
     let span = a.stored.start..b.stored.end;
     SPAN_BUF.with_borrow_mut(|bytes| -> Result<()> {
         bytes.resize(span.len(), 0);
-        read_log(inner, bytes, e.record_offset() + (hl + span.start) as u64)?;
+        read_log(
+            inner,
+            bytes,
+            e.record_offset() + (hl + span.start) as u64,
+            fetch,
+        )?;
         let t0 = std::time::Instant::now();
         let res = decode_chunks_with(h, &table, bytes, span.start, first, out);
         note_decode(inner, h, t0);
@@ -160,10 +170,10 @@ fn note_decode(inner: &Inner, h: &RecordHeader, t0: std::time::Instant) {
     }
 }
 
-/// Reads log bytes through the page cache (a stream's go through
-/// `with_stream`).
-fn read_log(inner: &Inner, buf: &mut [u8], offset: u64) -> Result<()> {
-    inner.storage.read_at(buf, offset)?;
+/// Reads log bytes through the page cache, or with `Fetch::Cached` only
+/// from it (a stream's go through `with_stream`).
+fn read_log(inner: &Inner, buf: &mut [u8], offset: u64, fetch: Fetch) -> Result<()> {
+    inner.storage.fetch(buf, offset, fetch)?;
     Ok(())
 }
 
@@ -332,6 +342,25 @@ fn decompress_whole(
 /// sector of the range is a hole (a structured NBD READ then answers
 /// OFFSET_HOLE), from the same map walk as the read.
 pub(crate) fn read(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<bool> {
+    read_as(inner, offset, buf, Fetch::Wait)
+}
+
+/// [`read`] if it needs no wait: for no disk (every byte it reads is in
+/// memory or the page cache), no paged-out part of the map and no lock
+/// held by a writer. None when it would have waited; `buf` is then
+/// unspecified and nothing was counted. The NBD server answers small reads
+/// so on the thread that reads the requests, without a hand-off to a worker
+/// (two thread switches a read); a read that would wait goes to a worker.
+/// Damage found is reported as by [`read`].
+pub(crate) fn read_cached(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<Option<bool>> {
+    match read_as(inner, offset, buf, Fetch::Cached) {
+        Err(EngineError::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+        r => r.map(Some),
+    }
+}
+
+/// [`read`], fetching as `fetch` says (`Wait` or `Cached`).
+fn read_as(inner: &Inner, offset: u64, buf: &mut [u8], fetch: Fetch) -> Result<bool> {
     inner.check_range(offset, buf.len() as u64)?;
     if buf.is_empty() {
         return Ok(false);
@@ -339,10 +368,10 @@ pub(crate) fn read(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<bool> {
     let first = offset / SECTOR;
     let last = (offset + buf.len() as u64).div_ceil(SECTOR);
     let all_hole = if offset.is_multiple_of(SECTOR) && buf.len().is_multiple_of(SECTOR_SIZE) {
-        read_sectors_mapped(inner, first, buf)?
+        read_sectors_mapped(inner, first, buf, fetch)?
     } else {
         let mut tmp = vec![0u8; ((last - first) * SECTOR) as usize];
-        let all_hole = read_sectors_mapped(inner, first, &mut tmp)?;
+        let all_hole = read_sectors_mapped(inner, first, &mut tmp, fetch)?;
         let skip = (offset - first * SECTOR) as usize;
         buf.copy_from_slice(&tmp[skip..skip + buf.len()]);
         all_hole
@@ -353,20 +382,24 @@ pub(crate) fn read(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<bool> {
 
 /// Reads whole sectors from `lba` into `out` (holes read as zeros).
 pub(crate) fn read_sectors(inner: &Inner, lba: u64, out: &mut [u8]) -> Result<()> {
-    read_sectors_mapped(inner, lba, out).map(|_| ())
+    read_sectors_mapped(inner, lba, out, Fetch::Wait).map(|_| ())
 }
 
-/// `read_sectors`, telling whether every sector was a hole.
-fn read_sectors_mapped(inner: &Inner, lba: u64, out: &mut [u8]) -> Result<bool> {
+/// `read_sectors`, telling whether every sector was a hole; with
+/// `Fetch::Cached`, `WouldBlock` rather than any wait (`read_cached`).
+fn read_sectors_mapped(inner: &Inner, lba: u64, out: &mut [u8], fetch: Fetch) -> Result<bool> {
     let n = out.len() / SECTOR_SIZE;
-    let _gate = inner.gate.read();
+    let _gate = match fetch {
+        Fetch::Cached => inner.gate.try_read().ok_or_else(not_cached)?,
+        _ => inner.gate.read(),
+    };
     let mut entries = vec![MapEntry::UNMAPPED; n];
     // Deduplicated sectors read their hidden address's record, looked up
     // under the same map lock (a hidden address is zeroed only once no
     // sector refers to it): `rec_lba` is the logical address each record
     // is checked against.
     let mut rec_lba: Vec<u64> = Vec::new();
-    let shared = pager::with_map(inner, |st| {
+    let lookup = |st: &crate::state::map_state::MapState| {
         st.map.get_range(lba, &mut entries)?;
         if !entries.iter().any(|e| e.is_indirect()) {
             return Ok(false);
@@ -380,7 +413,11 @@ fn read_sectors_mapped(inner: &Inner, lba: u64, out: &mut [u8]) -> Result<bool> 
             }
         }
         Ok(true)
-    })?;
+    };
+    let shared = match fetch {
+        Fetch::Cached => pager::with_resident_map(inner, lookup).ok_or_else(not_cached)?,
+        _ => pager::with_map(inner, lookup)?,
+    };
     if shared {
         if let Some(i) = entries
             .iter()
@@ -430,7 +467,10 @@ fn read_sectors_mapped(inner: &Inner, lba: u64, out: &mut [u8]) -> Result<bool> 
     // does not fill memory with pages read once. Small reads go through
     // the page cache, which then holds compressed records for the reads
     // of their other sectors.
-    let stream = out.len() >= READ_STREAM_MIN;
+    let fetch = match fetch {
+        Fetch::Wait if out.len() >= READ_STREAM_MIN => Fetch::Stream,
+        f => f,
+    };
     // Records that follow each other in the log (a sequential write read
     // back) are fetched with one read: one system call instead of one per
     // record, which in this VM costs as much as copying 10-20 KiB.
@@ -457,7 +497,7 @@ fn read_sectors_mapped(inner: &Inner, lba: u64, out: &mut [u8]) -> Result<bool> 
                 e,
                 rec(i),
                 &mut out[i * SECTOR_SIZE..j * SECTOR_SIZE],
-                stream,
+                fetch,
             )
             .map_err(|err| at_client(err, lba + i as u64))?;
         } else {
@@ -478,12 +518,12 @@ fn read_sectors_mapped(inner: &Inner, lba: u64, out: &mut [u8]) -> Result<bool> 
                 Ok(())
             };
             let len = (end - first) as usize;
-            if stream {
+            if fetch == Fetch::Stream {
                 with_stream(inner, first, len, decode_all)?;
             } else {
                 SPAN_BUF.with_borrow_mut(|span| -> Result<()> {
                     span.resize(len, 0);
-                    read_log(inner, span, first)?;
+                    read_log(inner, span, first, fetch)?;
                     decode_all(span)
                 })?;
             }

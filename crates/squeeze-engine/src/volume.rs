@@ -530,6 +530,16 @@ impl Volume {
         read::read(&self.inner, offset, buf)
     }
 
+    /// [`Volume::read_or_hole`] only if it waits for nothing: no disk (the
+    /// bytes are in memory or the page cache), no paged-out map chunk, no
+    /// lock a writer holds. `Ok(None)` when it would have waited (`buf` is
+    /// then unspecified): read with [`Volume::read_or_hole`] instead, on a
+    /// thread that may wait. For a server's request reader, which answers a
+    /// read at once when it can and hands it to a worker when not.
+    pub fn try_read_cached(&self, offset: u64, buf: &mut [u8]) -> Result<Option<bool>> {
+        read::read_cached(&self.inner, offset, buf)
+    }
+
     /// Writes `data` at byte `offset`; with `fua`, durable on return.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.write_hinted(offset, data, fua, Hint::None)

@@ -51,6 +51,15 @@ pub trait BlockDevice: Send + Sync {
         }
         self.read_at(offset, buf).map(|()| false)
     }
+    /// [`BlockDevice::read_or_hole`] if it can answer without waiting
+    /// (no disk, no lock held by a writer): the connection's reader answers
+    /// small reads itself this way, sparing two thread switches each.
+    /// None when it would have to wait: a worker then reads (`buf` is
+    /// unspecified). The default never answers.
+    fn try_read_cached(&self, offset: u64, buf: &mut [u8]) -> Option<io::Result<bool>> {
+        let _ = (offset, buf);
+        None
+    }
     /// Make every write completed before this call durable.
     fn flush(&self) -> io::Result<()>;
     /// Discard `[offset, offset + len)`; later reads may return anything
@@ -172,6 +181,13 @@ impl BlockDevice for MemDevice {
             done += n;
         }
         Ok(())
+    }
+
+    /// Memory never waits for a disk; only for a writer holding the pages.
+    fn try_read_cached(&self, offset: u64, buf: &mut [u8]) -> Option<io::Result<bool>> {
+        let pages = self.pages.try_read()?;
+        drop(pages);
+        Some(self.read_or_hole(offset, buf))
     }
 
     fn write_at(&self, offset: u64, data: &[u8], _fua: bool) -> io::Result<()> {

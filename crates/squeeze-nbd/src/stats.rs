@@ -4,7 +4,8 @@
 //!
 //! Invariants: `connections_open <= connections_total`;
 //! `requests_in_flight` counts requests dispatched to workers and not yet
-//! replied to; `bytes_read`/`bytes_written` count payload bytes of
+//! replied to (a READ answered by the reader itself, `reads_inline`, is
+//! never in flight); `bytes_read`/`bytes_written` count payload bytes of
 //! successful READs/WRITEs only.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -48,6 +49,9 @@ pub struct ServerStats {
     pub requests_in_flight: u64,
     /// Payload bytes returned by successful READs.
     pub bytes_read: u64,
+    /// READs answered by the connection's reader itself, without a worker
+    /// (`BlockDevice::try_read_cached`).
+    pub reads_inline: u64,
     /// Payload bytes accepted by successful WRITEs.
     pub bytes_written: u64,
     /// Requests answered with an error (rejected or failed in the device).
@@ -63,6 +67,7 @@ pub(crate) struct Counters {
     requests: [AtomicU64; 8],
     pub requests_in_flight: AtomicU64,
     pub bytes_read: AtomicU64,
+    pub reads_inline: AtomicU64,
     pub bytes_written: AtomicU64,
     pub errors: AtomicU64,
     pub protocol_errors: AtomicU64,
@@ -108,6 +113,7 @@ impl Counters {
             },
             requests_in_flight: self.requests_in_flight.load(Relaxed),
             bytes_read: self.bytes_read.load(Relaxed),
+            reads_inline: self.reads_inline.load(Relaxed),
             bytes_written: self.bytes_written.load(Relaxed),
             errors: self.errors.load(Relaxed),
             protocol_errors: self.protocol_errors.load(Relaxed),

@@ -184,6 +184,7 @@ fn server_json(s: &squeeze_nbd::ServerStats) -> serde_json::Value {
         "connections_total": s.connections_total,
         "requests_in_flight": s.requests_in_flight,
         "bytes_read": s.bytes_read,
+        "reads_inline": s.reads_inline,
         "bytes_written": s.bytes_written,
         "errors": s.errors,
         "protocol_errors": s.protocol_errors,

@@ -35,6 +35,12 @@ impl BlockDevice for VolumeDevice {
         // One map walk for the read and the hole test.
         self.vol.read_or_hole(offset, buf).map_err(io_err)
     }
+    fn try_read_cached(&self, offset: u64, buf: &mut [u8]) -> Option<io::Result<bool>> {
+        self.vol
+            .try_read_cached(offset, buf)
+            .map_err(io_err)
+            .transpose()
+    }
     fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
         self.vol.write(offset, data, fua).map_err(io_err)
     }

@@ -469,6 +469,12 @@ pub(super) fn prometheus(
             n.requests.total(),
         ),
         (
+            "nbd_reads_inline_total",
+            "NBD READs answered by the connection's reader, without a worker.",
+            "counter",
+            n.reads_inline,
+        ),
+        (
             "nbd_errors_total",
             "NBD requests answered with an error.",
             "counter",

@@ -277,6 +277,17 @@ fn read_under(inner: &Inner, st: &MapState, c: u64) -> Result<Option<(Fault, Loa
     Ok(Some((f, loaded)))
 }
 
+/// [`with_map`] for a caller that must not wait: None when the map's lock
+/// is taken (or wanted) by a writer, or when `f` needs a chunk that is
+/// paged out; nothing is paged in.
+pub(crate) fn with_resident_map<T>(
+    inner: &Inner,
+    mut f: impl FnMut(&MapState) -> Result<T, Paged>,
+) -> Option<T> {
+    let st = inner.state.try_read()?;
+    f(&st).ok()
+}
+
 /// Runs `f` on the state under the read lock, paging in each chunk it
 /// meets paged out (read back under the read lock, installed under the
 /// write lock) and running it again.

@@ -17,6 +17,7 @@
 //!   call the flush a success).
 
 use super::write_behind::{Completed, Disk, WriteBehind};
+use super::Fetch;
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -188,11 +189,12 @@ impl<D: Disk + Send + Sync + 'static> Direct<D> {
         self.shared.staging.write_out(&self.shared.disk)
     }
 
-    /// Reads through the pool: the disk's bytes with staged ones on top.
-    pub(crate) fn read(&self, buf: &mut [u8], offset: u64, stream: bool) -> io::Result<()> {
+    /// Reads through the pool: the disk's bytes (fetched as `fetch` says)
+    /// with staged ones on top.
+    pub(crate) fn read(&self, buf: &mut [u8], offset: u64, fetch: Fetch) -> io::Result<()> {
         self.shared
             .staging
-            .read(&self.shared.disk, buf, offset, stream)
+            .read(&self.shared.disk, buf, offset, fetch)
     }
 
     /// Drops staged bytes of a range about to be punched out of the disk.

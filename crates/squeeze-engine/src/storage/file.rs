@@ -11,7 +11,7 @@
 use super::aligned::{AlignedBuf, BLOCK};
 use super::direct::Direct;
 use super::write_behind::Disk;
-use super::Storage;
+use super::{Fetch, Storage};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -179,6 +179,10 @@ impl Disk for FileDisk {
         read_full(&self.file, buf, offset)
     }
 
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        read_nowait(&self.file, buf, offset)
+    }
+
     /// From the page cache if every byte is there, else with O_DIRECT:
     /// straight into `buf` when it and the range are `BLOCK`-aligned (the
     /// read path's stream buffer, `read::with_stream`), else through an
@@ -321,6 +325,41 @@ fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads the range from the page cache only: preadv2 with RWF_NOWAIT,
+/// which answers EAGAIN rather than wait for the disk (the kernel may then
+/// start reading the pages ahead, which the caller's blocking read wants
+/// anyway). Every shortfall is `WouldBlock` (`Storage::read_cached`): a
+/// page not cached, the end of the file, an error, a kernel or file system
+/// without RWF_NOWAIT.
+fn read_nowait(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        let iov = libc::iovec {
+            iov_base: rest.as_mut_ptr().cast(),
+            iov_len: rest.len(),
+        };
+        // SAFETY: `iov` describes `rest`, a live buffer the kernel may fill.
+        let n = unsafe {
+            libc::preadv2(
+                file.as_raw_fd(),
+                &iov,
+                1,
+                (offset + done as u64) as libc::off_t,
+                libc::RWF_NOWAIT,
+            )
+        };
+        if n > 0 {
+            done += n as usize;
+        } else if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        } else {
+            return Err(super::not_cached());
         }
     }
     Ok(())
@@ -543,15 +582,22 @@ impl FileStorage {
 impl Storage for FileStorage {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match &self.direct {
-            Some(d) => d.read(buf, offset, false),
+            Some(d) => d.read(buf, offset, Fetch::Wait),
             None => read_full(&self.file, buf, offset),
         }
     }
 
     fn read_stream(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         match &self.direct {
-            Some(d) => d.read(buf, offset, true),
+            Some(d) => d.read(buf, offset, Fetch::Stream),
             None => read_full(&self.file, buf, offset),
+        }
+    }
+
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        match &self.direct {
+            Some(d) => d.read(buf, offset, Fetch::Cached),
+            None => read_nowait(&self.file, buf, offset),
         }
     }
 

@@ -22,6 +22,22 @@ pub use sim::{SimFaults, SimStorage, SimWriteBehind, SimWriteBehindConfig};
 
 use std::io;
 
+/// How a read may reach the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fetch {
+    /// Through the page cache, waiting for the disk as needed (`read_at`).
+    Wait,
+    /// As a stream (`read_stream`).
+    Stream,
+    /// Only from memory (`read_cached`): `WouldBlock` rather than a wait.
+    Cached,
+}
+
+/// The error of a [`Fetch::Cached`] read that would have waited.
+pub fn not_cached() -> io::Error {
+    io::ErrorKind::WouldBlock.into()
+}
+
 pub trait Storage: Send + Sync {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Reads bytes not expected to be read again soon (a large sequential
@@ -29,6 +45,23 @@ pub trait Storage: Send + Sync {
     /// a stream does not fill memory with pages nobody reads twice.
     fn read_stream(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.read_at(buf, offset)
+    }
+    /// Reads the bytes only if no disk has to be waited for: from memory
+    /// and the page cache. Fails with `WouldBlock` ([`not_cached`]) when
+    /// some byte is not there, and for every other shortfall too (the end
+    /// of the file, an I/O error): the caller then reads with `read_at`,
+    /// which reports the real error. The default: never cached.
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let _ = (buf, offset);
+        Err(not_cached())
+    }
+    /// Reads as `fetch` says.
+    fn fetch(&self, buf: &mut [u8], offset: u64, fetch: Fetch) -> io::Result<()> {
+        match fetch {
+            Fetch::Wait => self.read_at(buf, offset),
+            Fetch::Stream => self.read_stream(buf, offset),
+            Fetch::Cached => self.read_cached(buf, offset),
+        }
     }
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
     /// Writes `parts` back to back from `offset`: the same as one `write_at`

@@ -17,7 +17,7 @@
 use super::aligned::BLOCK;
 use super::direct::Direct;
 use super::write_behind::Disk;
-use super::Storage;
+use super::{not_cached, Fetch, Storage};
 use parking_lot::Mutex;
 use rand::Rng;
 use std::io;
@@ -260,6 +260,18 @@ impl Storage for SimStorage {
         Ok(())
     }
 
+    /// Memory is always cached; a dead disk or a read fault due is a
+    /// shortfall (left for the blocking read to meet).
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        {
+            let g = self.inner.lock();
+            if g.dead || g.faults.read_eio > 0 {
+                return Err(not_cached());
+            }
+        }
+        self.read_at(buf, offset)
+    }
+
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         let mut g = self.inner.lock();
         if g.dead {
@@ -394,6 +406,10 @@ impl Disk for SimDisk {
         Storage::read_at(&*self.0, buf, offset)
     }
 
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        Storage::read_cached(&*self.0, buf, offset)
+    }
+
     fn write_direct(&self, data: &[u8], offset: u64) -> io::Result<()> {
         assert!(
             offset.is_multiple_of(BLOCK as u64)
@@ -468,11 +484,15 @@ impl SimWriteBehind {
 
 impl Storage for SimWriteBehind {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.direct.read(buf, offset, false)
+        self.direct.read(buf, offset, Fetch::Wait)
     }
 
     fn read_stream(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.direct.read(buf, offset, true)
+        self.direct.read(buf, offset, Fetch::Stream)
+    }
+
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.direct.read(buf, offset, Fetch::Cached)
     }
 
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {

@@ -26,6 +26,7 @@
 //! even if the write tears.
 
 use super::aligned::AlignedBuf;
+use super::Fetch;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
@@ -42,6 +43,20 @@ pub trait Disk {
     /// As `read_at`, for bytes not expected to be read again soon.
     fn read_stream(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.read_at(buf, offset)
+    }
+    /// As `Storage::read_cached`: only from the page cache, else
+    /// `WouldBlock`. The default: never cached.
+    fn read_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let _ = (buf, offset);
+        Err(super::not_cached())
+    }
+    /// Reads as `fetch` says.
+    fn fetch(&self, buf: &mut [u8], offset: u64, fetch: Fetch) -> io::Result<()> {
+        match fetch {
+            Fetch::Wait => self.read_at(buf, offset),
+            Fetch::Stream => self.read_stream(buf, offset),
+            Fetch::Cached => self.read_cached(buf, offset),
+        }
     }
     /// Writes `BLOCK`-aligned bytes from a `BLOCK`-aligned buffer, bypassing
     /// the page cache.
@@ -254,24 +269,20 @@ impl WriteBehind {
         Ok(())
     }
 
-    /// Reads `buf` at `offset`: the file's bytes (`Disk::read_stream` with
-    /// `stream`) with staged bytes on top.
+    /// Reads `buf` at `offset`: the file's bytes (fetched as `fetch` says)
+    /// with staged bytes on top.
     pub fn read(
         &self,
         disk: &dyn Disk,
         buf: &mut [u8],
         offset: u64,
-        stream: bool,
+        fetch: Fetch,
     ) -> io::Result<()> {
         if buf.is_empty() {
             return Ok(());
         }
         let staged = self.staged_in(offset, buf.len() as u64);
-        if stream {
-            disk.read_stream(buf, offset)?;
-        } else {
-            disk.read_at(buf, offset)?;
-        }
+        disk.fetch(buf, offset, fetch)?;
         for c in staged {
             let base = self.base(c.index);
             // The part of this chunk the read covers, relative to the chunk.
@@ -284,7 +295,12 @@ impl WriteBehind {
                 None => {
                     // Written out and gone since the file was read: the file
                     // now has every byte, read them again.
-                    disk.read_at(out, lo)?;
+                    let again = if fetch == Fetch::Cached {
+                        Fetch::Cached
+                    } else {
+                        Fetch::Wait
+                    };
+                    disk.fetch(out, lo, again)?;
                 }
                 Some(b) => {
                     for &(s, e) in st.valid.iter() {
@@ -612,7 +628,7 @@ mod tests {
         put(&wb, &d, &[0x22; 100], 0);
         assert_eq!(spare_of_len(), 1, "one buffer taken");
         let mut b = vec![0u8; chunk];
-        wb.read(&d, &mut b, 0, false).unwrap();
+        wb.read(&d, &mut b, 0, Fetch::Wait).unwrap();
         assert!(b[..100].iter().all(|&x| x == 0x22));
         assert!(b[100..].iter().all(|&x| x == 0x11), "old bytes read back");
         wb.write_out(&d).unwrap();
@@ -645,7 +661,7 @@ mod tests {
         let wb = WriteBehind::new(4 * BLOCK, 2);
         put(&wb, &d, &[1u8; 100], 5000);
         let mut r = vec![0u8; 3 * BLOCK];
-        wb.read(&d, &mut r, 0, false).unwrap();
+        wb.read(&d, &mut r, 0, Fetch::Wait).unwrap();
         assert_eq!(
             &r[4999..5101],
             &[[7u8].as_slice(), &[1u8; 100], &[7u8]].concat()[..]
@@ -693,7 +709,17 @@ mod tests {
                         let len = rng.gen_range(1..3 * chunk);
                         let off = rng.gen_range(0..span - len);
                         let mut got = vec![0u8; len];
-                        wb.read(&d, &mut got, off as u64, step % 2 == 0).unwrap();
+                        wb.read(
+                            &d,
+                            &mut got,
+                            off as u64,
+                            if step % 2 == 0 {
+                                Fetch::Stream
+                            } else {
+                                Fetch::Wait
+                            },
+                        )
+                        .unwrap();
                         assert!(got == model[off..off + len], "seed {seed} step {step}");
                     }
                     8 => {
@@ -739,7 +765,17 @@ mod tests {
                         let v = vec![(t * 31 + r) as u8 | 1; piece];
                         put(&wb, &*d, &v, off);
                         let mut got = vec![0u8; piece];
-                        wb.read(&*d, &mut got, off, r % 2 == 0).unwrap();
+                        wb.read(
+                            &*d,
+                            &mut got,
+                            off,
+                            if r % 2 == 0 {
+                                Fetch::Stream
+                            } else {
+                                Fetch::Wait
+                            },
+                        )
+                        .unwrap();
                         assert_eq!(got, v, "thread {t} round {r}");
                     }
                 })
