@@ -8,8 +8,12 @@
 #
 #   flock /tmp/bench.lock bench/randread_ab.sh BIN [BEFORE]
 #
-# Env: REPS (3), FIO_SIZE (1g), FIO_RT_RAND (15), SCR (/var/tmp/fc), JOBS (../shared/bench), PEERS ("raw sq" plus
-#      "before" with BEFORE), SQ_ARGS (extra `serve` options of every squeeze peer).
+# With COLD=1 the page cache is dropped between the write and the reads (`echo 3 >
+# /proc/sys/vm/drop_caches`), so the reads start from the disk: what a read that misses the cache
+# costs when the reader first tries it itself.
+#
+# Env: REPS (3), FIO_SIZE (1g), FIO_RT_RAND (15), COLD (0), SCR (/var/tmp/fc), JOBS (../shared/bench),
+#      PEERS ("raw sq" plus "before" with BEFORE), SQ_ARGS (extra `serve` options of every squeeze peer).
 # Output: one line per run on stdout; run it under the bench lock (bench/README.md).
 set -euo pipefail
 BIN=$1
@@ -23,7 +27,7 @@ JOBS=${JOBS:-$(dirname "${BASH_SOURCE[0]}")/../../shared/bench}
 PEERS=${PEERS:-raw sq${BEFORE:+ before}}
 read -r -a SQ_EXTRA <<<"${SQ_ARGS:-}"
 mkdir -p "$SCR"
-echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) cores; FIO_SIZE $FIO_SIZE, ${FIO_RT_RAND}s reads; bin $BIN; before ${BEFORE:-none}; squeeze args ${SQ_ARGS:-none}"
+echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) cores; FIO_SIZE $FIO_SIZE, ${FIO_RT_RAND}s reads, cold ${COLD:-0}; bin $BIN; before ${BEFORE:-none}; squeeze args ${SQ_ARGS:-none}"
 echo "peer rep iops server_us_per_read switches_per_read"
 
 stat_of() { awk '{print ($14+$15)}' "/proc/$1/stat"; }
@@ -48,6 +52,10 @@ for ((rep = 1; rep <= REPS; rep++)); do
     done
     export FIO_TARGET="uri=nbd+unix:///?socket=$d/nbd.sock"
     fio "$JOBS/w1-write.fio" --output-format=terse >/dev/null
+    if [[ ${COLD:-0} == 1 ]]; then
+      sync
+      echo 3 >/proc/sys/vm/drop_caches
+    fi
     c0=$(stat_of $pid); s0=$(all_switches $pid)
     fio "$JOBS/w1-randread.fio" --output-format=json --output="$d/rr.json" >/dev/null
     iops=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["jobs"][0]["read"]["iops"]))' "$d/rr.json")
