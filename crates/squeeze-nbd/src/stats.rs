@@ -3,9 +3,9 @@
 //! snapshot (each field is exact, the set is not one atomic cut).
 //!
 //! Invariants: `connections_open <= connections_total`;
-//! `requests_in_flight` counts requests dispatched to workers and not yet
-//! replied to (a READ answered by the reader itself, `reads_inline`, is
-//! never in flight); `bytes_read`/`bytes_written` count payload bytes of
+//! `requests_in_flight` counts requests admitted (dispatched to workers,
+//! or answered by the reader itself: `reads_inline`) and not yet replied
+//! to; `bytes_read`/`bytes_written` count payload bytes of
 //! successful READs/WRITEs only.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

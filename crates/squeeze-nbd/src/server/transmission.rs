@@ -3,17 +3,20 @@
 //!
 //! Threads. Each connection has one reader thread (`listener.rs` starts
 //! it): after the handshake it runs `serve`, which reads requests,
-//! validates them (`request.rs`) and answers rejections itself; valid
-//! requests go, as `Job`s, to the worker pool shared by the whole server
-//! (`queue.rs`). Workers call the `BlockDevice` and send the reply
-//! through the connection's writer (`Conn::send`, connection.rs), so
-//! replies leave in completion order, not request order.
+//! validates them (`request.rs`) and answers rejections itself; a READ of
+//! up to `INLINE_READ_MAX` it answers itself too when the device can
+//! without waiting (`read_inline`); other valid requests go, as `Job`s,
+//! to the worker pool shared by the whole server (`queue.rs`). Workers
+//! call the `BlockDevice` and send the reply through the connection's
+//! writer (`Conn::send`, connection.rs), so replies leave in completion
+//! order, not request order.
 //!
 //! Invariants: a WRITE payload is always consumed (read, or skipped when
 //! over the maximum block size) before the request is judged, so the
 //! stream stays in sync; one too long even to skip closes the connection
-//! (`request::payload_of`). Every dispatched request is admitted to the
-//! connection's in-flight budget first and released by its reply.
+//! (`request::payload_of`). Every valid request (dispatched or answered by
+//! the reader) is admitted to the connection's in-flight budget first and
+//! released by its reply.
 
 use std::io::{self, BufRead, BufReader, Read};
 use std::sync::Arc;
@@ -194,19 +197,22 @@ fn requests(
         if command == Command::Disc {
             return;
         }
-        if let Command::Read { offset, len } = command {
-            if len <= INLINE_READ_MAX {
-                if let Some(reply) = read_inline(conn, h.cookie, offset, len) {
-                    conn.send(reply, None);
-                    continue;
-                }
-            }
-        }
         let cost_bytes = match command {
             Command::Read { len, .. } | Command::Write { len, .. } => u64::from(len),
             _ => 0,
         };
+        // Admitted before it is tried on the spot too: its reply may wait
+        // in the queue of a worker that is writing, and `Conn::finish`
+        // closes the socket only once every admitted reply is out.
         conn.admit(cost_bytes);
+        if let Command::Read { offset, len } = command {
+            if len <= INLINE_READ_MAX {
+                if let Some(reply) = read_inline(conn, h.cookie, offset, len) {
+                    conn.send(reply, Some(cost_bytes));
+                    continue;
+                }
+            }
+        }
         let job = Job {
             conn: Arc::clone(conn),
             cookie: h.cookie,
