@@ -244,7 +244,7 @@ impl Conn {
     /// Queue one whole reply and, unless another thread is already
     /// writing to this socket, write out everything queued. At most one
     /// thread per connection blocks on the socket; the others return at
-    /// once. `cost_bytes` (for dispatched requests) is released when the
+    /// once. `cost_bytes` (for admitted requests) is released when the
     /// reply has been written or dropped, so queued replies count against
     /// the in-flight budget. After a write error (or a client that stops
     /// reading for `send_timeout`) the connection is dead: later replies

@@ -14,9 +14,9 @@
 //! Invariants: a WRITE payload is always consumed (read, or skipped when
 //! over the maximum block size) before the request is judged, so the
 //! stream stays in sync; one too long even to skip closes the connection
-//! (`request::payload_of`). Every valid request (dispatched or answered by
-//! the reader) is admitted to the connection's in-flight budget first and
-//! released by its reply.
+//! (`request::payload_of`). Every request judged (dispatched, answered by
+//! the reader or rejected) is admitted to the connection's in-flight
+//! budget first and released by its reply.
 
 use std::io::{self, BufRead, BufReader, Read};
 use std::sync::Arc;
@@ -187,9 +187,12 @@ fn requests(
                     why = rej.why,
                     "request rejected"
                 );
+                // Admitted like any request, so that a DISC right behind
+                // it does not close the socket with its reply still queued.
+                conn.admit(0);
                 conn.send(
                     reply::error(conn.structured, h.cookie, rej.errno, rej.why),
-                    None,
+                    Some(0),
                 );
                 continue;
             }
