@@ -82,9 +82,8 @@ fn print_ublk(v: &serde_json::Value) {
         v["errors"].as_u64().unwrap_or(0)
     );
     outln!(
-        "ublk requests          read {} ({} answered on the queue's thread), write {}, flush {}, discard {}, write_zeroes {}",
+        "ublk requests          read {}, write {}, flush {}, discard {}, write_zeroes {}",
         q("read"),
-        v["reads_inline"].as_u64().unwrap_or(0),
         q("write"),
         q("flush"),
         q("discard"),

@@ -380,14 +380,12 @@ impl UblkExport {
             let _ = r.thread.join();
             let c = &r.counters;
             noteln!(
-                "squeeze serve: /dev/ublkb{} ({}) removed: {} reads ({} bytes, {} answered on \
-                 the queue's thread), {} writes ({} bytes), {} flushes, {} discards, {} \
-                 write-zeroes, {} errors",
+                "squeeze serve: /dev/ublkb{} ({}) removed: {} reads ({} bytes), {} writes \
+                 ({} bytes), {} flushes, {} discards, {} write-zeroes, {} errors",
                 r.id,
                 r.name,
                 c.reads.load(Ordering::Relaxed),
                 c.bytes_read.load(Ordering::Relaxed),
-                c.reads_inline.load(Ordering::Relaxed),
                 c.writes.load(Ordering::Relaxed),
                 c.bytes_written.load(Ordering::Relaxed),
                 c.flushes.load(Ordering::Relaxed),

@@ -3,17 +3,13 @@
 //! it on the device adapter (`device::VolumeDevice`, the same one NBD and
 //! FUSE use) and posts the result back; the queue's thread commits it to
 //! the kernel. The engine's calls block (a write compresses, a flush
-//! waits for the disk), so they never run on the queue's thread, but for
-//! one: a READ of up to `INLINE_READ_MAX` is first tried there with
-//! `try_read_cached`, which answers only what needs no wait (the page
-//! cache, no lock a writer holds) and declines the rest, lent to a worker
-//! as before (`read_inline`): no hand-off, no eventfd round trip.
+//! waits for the disk), so they never run on the queue's thread.
 //!
 //! What the kernel sends and what it becomes:
 //!
 //! | ublk op | adapter | answered |
 //! |---|---|---|
-//! | READ | `read_at` (up to 32 KiB: `try_read_cached` first, on the queue's thread) | when done |
+//! | READ | `read_at` | when done |
 //! | WRITE (FUA: durable when answered) | `write_at` | after a write-out (FUA: when done) |
 //! | FLUSH | `flush` | when done |
 //! | DISCARD | `trim` | after a write-out |
@@ -72,9 +68,6 @@ use std::sync::Arc;
 /// The tag of the eventfd read in user data (not a request tag: those are
 /// below the queue depth, at most `UBLK_MAX_QUEUE_DEPTH`).
 const EVENTFD_TAG: u16 = u16::MAX;
-/// READs up to this long are tried on the queue's thread first
-/// (`read_inline`), as the NBD server's reader does.
-const INLINE_READ_MAX: u64 = 32 << 10;
 
 /// A request lent to a worker.
 pub(super) struct Job {
@@ -233,9 +226,6 @@ impl Drop for Pools {
 #[derive(Clone)]
 pub(super) struct Workers {
     pools: Arc<Pools>,
-    /// The adapter and counters, for the reads the queue's thread answers.
-    dev: Arc<VolumeDevice>,
-    counters: Arc<UblkCounters>,
 }
 
 impl Workers {
@@ -274,8 +264,6 @@ impl Workers {
         }
         Ok(Workers {
             pools: Arc::new(pools),
-            dev: dev.clone(),
-            counters: counters.clone(),
         })
     }
 }
@@ -398,40 +386,6 @@ pub(super) fn execute(
     })
 }
 
-/// A READ of at most `INLINE_READ_MAX` answered on the queue's thread when
-/// the volume can without waiting (`VolumeDevice::try_read_cached`): its
-/// result (the bytes read, or a negative errno), or None to lend it to a
-/// worker (it would wait, it is another op, or its fields are for
-/// `execute` to judge).
-fn read_inline(
-    dev: &VolumeDevice,
-    counters: &UblkCounters,
-    iod: &sys::ublksrv_io_desc,
-    buf: &mut [u8],
-) -> Option<i32> {
-    if iod.op_flags & 0xff != sys::UBLK_IO_OP_READ {
-        return None;
-    }
-    let offset = iod.start_sector.checked_mul(512)?;
-    let len = u64::from(iod.nr_sectors) * 512;
-    if len > INLINE_READ_MAX || len as usize > buf.len() || offset.saturating_add(len) > dev.size()
-    {
-        return None;
-    }
-    let res = dev.try_read_cached(offset, &mut buf[..len as usize])?;
-    counters.reads.fetch_add(1, Ordering::Relaxed);
-    counters.bytes_read.fetch_add(len, Ordering::Relaxed);
-    counters.reads_inline.fetch_add(1, Ordering::Relaxed);
-    Some(match res {
-        Ok(_) => len as i32,
-        Err(e) => {
-            counters.errors.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(offset, len, "ublk request failed: {e}");
-            errno(&e)
-        }
-    })
-}
-
 /// Serves queue `qid` of `dev` until the device stops (the queue's thread,
 /// started by libublk's `run_target`).
 pub(super) fn serve_queue(qid: u16, dev: &UblkDev, workers: &Workers) {
@@ -524,18 +478,6 @@ fn serve_queue_inner(qid: u16, dev: &UblkDev, workers: &Workers) -> anyhow::Resu
         }
         let iod = *q.get_iod(tag);
         let io_buf: &IoBuf<u8> = &handler_bufs[usize::from(tag)];
-        {
-            // SAFETY: the kernel handed this tag to this queue and it is
-            // not lent: its buffer is this thread's until committed.
-            let buf = unsafe { std::slice::from_raw_parts_mut(io_buf.as_mut_ptr(), io_buf.len()) };
-            if let Some(res) = read_inline(&workers.dev, &workers.counters, &iod, buf) {
-                let desc = BufDesc::Slice(io_buf.as_slice());
-                if let Err(e) = q.complete_io_cmd_unified(tag, desc, Ok(UblkIORes::Result(res))) {
-                    tracing::error!(qid, tag, "ublk commit failed: {e}");
-                }
-                return;
-            }
-        }
         let job = Job {
             tag,
             iod,
@@ -633,44 +575,6 @@ mod tests {
         assert_eq!(c.flushes.load(Ordering::Relaxed), 1);
         assert_eq!(c.discards.load(Ordering::Relaxed), 1);
         assert_eq!(c.write_zeroes.load(Ordering::Relaxed), 1);
-        drop(dev);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// The queue's thread answers a small READ of bytes in the page cache
-    /// (the same bytes `execute` reads), and declines what a worker must
-    /// do: other ops, READs over 32 KiB, ranges `execute` rejects.
-    #[test]
-    fn small_cached_reads_are_answered_on_the_queue_thread() {
-        let dir = std::env::temp_dir().join(format!("sqz-ublk-inline-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("v.sqz");
-        let _ = std::fs::remove_file(&path);
-        let vol = create_volume(&path, &CreateOptions::new(16 << 20)).unwrap();
-        let dev = VolumeDevice { vol };
-        let c = UblkCounters::default();
-        let data: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
-        let mut buf = data.clone();
-        let w = iod(sys::UBLK_IO_OP_WRITE, sys::UBLK_IO_F_FUA, 0, 128);
-        assert_eq!(execute(&dev, &c, &w, &mut buf), 64 << 10);
-        assert_eq!(read_inline(&dev, &c, &w, &mut buf), None, "a write");
-        // Through a worker first (the page cache then holds the records).
-        let r = iod(sys::UBLK_IO_OP_READ, 0, 8, 64);
-        buf.fill(0);
-        assert_eq!(execute(&dev, &c, &r, &mut buf), 32 << 10);
-        buf.fill(0);
-        assert_eq!(read_inline(&dev, &c, &r, &mut buf), Some(32 << 10));
-        assert_eq!(buf[..32 << 10], data[4096..36 << 10]);
-        // A hole reads as zeros, on the spot.
-        let hole = iod(sys::UBLK_IO_OP_READ, 0, 1024, 8);
-        buf.fill(7);
-        assert_eq!(read_inline(&dev, &c, &hole, &mut buf), Some(4096));
-        assert!(buf[..4096].iter().all(|&b| b == 0));
-        let big = iod(sys::UBLK_IO_OP_READ, 0, 0, 128);
-        assert_eq!(read_inline(&dev, &c, &big, &mut buf), None, "over 32 KiB");
-        let past = iod(sys::UBLK_IO_OP_READ, 0, (16 << 20) / 512 - 4, 8);
-        assert_eq!(read_inline(&dev, &c, &past, &mut buf), None, "past the end");
-        assert_eq!(c.reads_inline.load(Ordering::Relaxed), 2);
         drop(dev);
         let _ = std::fs::remove_dir_all(&dir);
     }

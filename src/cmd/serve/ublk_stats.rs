@@ -19,8 +19,6 @@ pub struct UblkCounters {
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
     pub errors: AtomicU64,
-    /// READs the queue's thread answered itself (`ublk_queue::read_inline`).
-    pub reads_inline: AtomicU64,
 }
 
 /// One served device.
@@ -58,7 +56,6 @@ pub(super) fn ublk_json(reg: &UblkRegistry) -> Option<serde_json::Value> {
                 "bytes_read": get(&c.bytes_read),
                 "bytes_written": get(&c.bytes_written),
                 "errors": get(&c.errors),
-                "reads_inline": get(&c.reads_inline),
                 "requests": {
                     "read": get(&c.reads), "write": get(&c.writes), "flush": get(&c.flushes),
                     "discard": get(&c.discards), "write_zeroes": get(&c.write_zeroes),
@@ -111,11 +108,6 @@ pub(super) fn ublk_prometheus(reg: &UblkRegistry, out: &mut String) {
             "ublk_errors_total",
             "ublk requests answered with an error.",
             |c: &UblkCounters| get(&c.errors),
-        ),
-        (
-            "ublk_reads_inline_total",
-            "ublk READs the queue's thread answered itself, without a worker.",
-            |c: &UblkCounters| get(&c.reads_inline),
         ),
     ] {
         out.push_str(&format!(
