@@ -137,3 +137,30 @@ fn reads_answered_inline_or_by_a_worker_are_the_same() {
         assert_eq!(dev.blocking.load(Ordering::Relaxed), tries - answered + 1);
     }
 }
+
+/// `inline_reads: false` (`serve --no-inline-reads`): every READ goes to a
+/// worker; the device is never asked to answer one on the spot.
+#[test]
+fn without_inline_reads_the_workers_read() {
+    let dev = Arc::new(Picky {
+        mem: MemDevice::new(SIZE),
+        tries: AtomicU64::new(0),
+        answered: AtomicU64::new(0),
+        blocking: AtomicU64::new(0),
+    });
+    let config = squeeze_nbd::ServerConfig {
+        inline_reads: false,
+        ..Default::default()
+    };
+    let srv = TestServer::start_with(vec![export("p", dev.clone())], config);
+    let mut c = srv.client();
+    c.handshake("p", true, false);
+    assert_eq!(c.write(0, &pattern(0, 8192)), 0);
+    for k in 0..4u64 {
+        assert_eq!(c.read(k * 1024, 4096).unwrap(), pattern(k * 1024, 4096));
+    }
+    c.disconnect();
+    assert_eq!(dev.tries.load(Ordering::Relaxed), 0);
+    assert_eq!(dev.blocking.load(Ordering::Relaxed), 4);
+    assert_eq!(srv.server.stats().reads_inline, 0);
+}

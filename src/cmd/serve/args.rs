@@ -86,6 +86,9 @@ pub struct Args {
     /// Of those, WRITE requests executed at once, overriding what the volumes declare (they are CPU-bound: the codec): two per core, at least 4.
     #[arg(long)]
     pub write_workers: Option<usize>,
+    /// Hand every READ to the workers. By default a connection's reader answers a READ of up to 32 KiB itself when the volume can without waiting (the page cache), sparing two thread switches a read; its reads then run one at a time, so on a host with many idle cores one connection's cached small reads may go faster over the workers.
+    #[arg(long)]
+    pub no_inline_reads: bool,
     /// Do not rewrite fragmented windows (left by small overwrites) as whole
     /// blobs while clients are idle. The cleaner still runs; `squeeze
     /// compact` still merges. Saves device writes at the cost of ratio.
@@ -286,6 +289,7 @@ pub(super) fn server_config(
     if let Some(w) = a.write_workers {
         config.write_workers = Some(w.max(1));
     }
+    config.inline_reads = !a.no_inline_reads;
     config.tls = tls;
     if !a.allow_export.is_empty() {
         for n in &a.allow_export {

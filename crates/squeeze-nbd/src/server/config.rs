@@ -49,6 +49,13 @@ pub struct ServerConfig {
     /// OFFSET_HOLE (`BlockDevice::read_or_hole`: one lookup with the read
     /// where the device provides it).
     pub read_holes: bool,
+    /// A READ of up to 32 KiB is first tried on the connection's reader
+    /// thread (`BlockDevice::try_read_cached`), sparing the hand-off to a
+    /// worker and back when the device needs no wait. A connection's reads
+    /// answered so run one at a time: off (`serve --no-inline-reads`), a
+    /// single connection's cached small reads spread over the workers
+    /// again, which a host with many idle cores may prefer.
+    pub inline_reads: bool,
     /// TLS (NBD_OPT_STARTTLS) offered or required; `None`: plaintext only.
     pub tls: Option<TlsConfig>,
     /// Export allow-list: only these exports are listed and selectable
@@ -75,6 +82,7 @@ impl Default for ServerConfig {
             handshake_timeout: Some(Duration::from_secs(60)),
             send_timeout: Some(Duration::from_secs(60)),
             read_holes: true,
+            inline_reads: true,
             tls: None,
             allowed_exports: None,
             allowed_peers: None,

@@ -198,6 +198,8 @@ pub(crate) struct Conn {
     pub device: Arc<dyn BlockDevice>,
     pub structured: bool,
     pub read_holes: bool,
+    /// `ServerConfig::inline_reads`.
+    pub inline_reads: bool,
     pub counters: Arc<Counters>,
     writer: Mutex<Stream>,
     /// Replies waiting for the writer, with the in-flight cost each frees.
@@ -225,6 +227,7 @@ impl Conn {
             device: Arc::clone(&export.device),
             structured: negotiated.structured,
             read_holes: shared.config.read_holes,
+            inline_reads: shared.config.inline_reads,
             counters: Arc::clone(&shared.counters),
             writer: Mutex::new(writer),
             pending: Mutex::new(VecDeque::new()),

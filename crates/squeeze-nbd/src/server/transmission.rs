@@ -209,7 +209,7 @@ fn requests(
         // closes the socket only once every admitted reply is out.
         conn.admit(cost_bytes);
         if let Command::Read { offset, len } = command {
-            if len <= INLINE_READ_MAX {
+            if len <= INLINE_READ_MAX && conn.inline_reads {
                 if let Some(reply) = read_inline(conn, h.cookie, offset, len) {
                     conn.send(reply, Some(cost_bytes));
                     continue;
