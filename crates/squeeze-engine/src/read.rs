@@ -348,7 +348,8 @@ pub(crate) fn read(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<bool> {
 /// [`read`] if it needs no wait: for no disk (every byte it reads is in
 /// memory or the page cache), no paged-out part of the map and no lock
 /// held by a writer. None when it would have waited; `buf` is then
-/// unspecified and nothing was counted. The NBD server answers small reads
+/// unspecified and its bytes are not counted as read (the time of a decode
+/// done before the wait was met is). The NBD server answers small reads
 /// so on the thread that reads the requests, without a hand-off to a worker
 /// (two thread switches a read); a read that would wait goes to a worker.
 /// Damage found is reported as by [`read`].
