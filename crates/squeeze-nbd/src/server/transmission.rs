@@ -289,13 +289,17 @@ fn read_reply(
                 r.into_bytes()
             }
         }
-        Err(e) => {
-            let errno = request::errno_for(&e);
-            Counters::add(&conn.counters.errors, 1);
-            tracing::warn!(conn = conn.id, error = %e, errno, "read failed");
-            reply::error(conn.structured, cookie, errno, "read")
-        }
+        Err(e) => failed(conn, cookie, "read", e),
     }
+}
+
+/// The error reply to a request whose device call (`what`) failed with
+/// `e`, counted and logged.
+fn failed(conn: &Conn, cookie: u64, what: &str, e: io::Error) -> Vec<u8> {
+    let errno = request::errno_for(&e);
+    Counters::add(&conn.counters.errors, 1);
+    tracing::warn!(conn = conn.id, error = %e, errno, "{what} failed");
+    reply::error(conn.structured, cookie, errno, what)
 }
 
 /// Run one request on the device and send its reply (worker side).
@@ -317,15 +321,9 @@ fn execute(job: &mut Job) -> Vec<u8> {
     let conn = &job.conn;
     let dev = &*conn.device;
     let cookie = job.cookie;
-    let fail = |what: &str, e: io::Error| {
-        let errno = request::errno_for(&e);
-        Counters::add(&conn.counters.errors, 1);
-        tracing::warn!(conn = conn.id, error = %e, errno, "{what} failed");
-        reply::error(conn.structured, cookie, errno, what)
-    };
     let done = |r: io::Result<()>, what: &str| match r {
         Ok(()) => reply::simple(cookie, 0),
-        Err(e) => fail(what, e),
+        Err(e) => failed(conn, cookie, what, e),
     };
     match job.command {
         Command::Read { offset, len } => {
@@ -365,7 +363,7 @@ fn execute(job: &mut Job) -> Vec<u8> {
                 META_BASE_ALLOCATION_ID,
                 &reply::block_status_extents(&ext, len, req_one),
             ),
-            Err(e) => fail("block_status", e),
+            Err(e) => failed(conn, cookie, "block_status", e),
         },
         Command::Disc => unreachable!("DISC is handled by the reader"),
     }
