@@ -373,8 +373,9 @@ fn allocate_segments(
     Ok(segs)
 }
 
-/// Bytes a streamed base piece is taken in: one write each.
-const STREAM_CHUNK: usize = 256 << 10;
+/// Bytes a streamed piece is taken in: one write each, from one buffer
+/// allocated for the piece (`PieceStream::new`).
+const STREAM_CHUNK: usize = 64 << 10;
 
 /// Writes `bytes` at byte `at` of a stream laid end to end in `segs`.
 fn write_stream(
@@ -421,7 +422,7 @@ fn stream_piece(
         }
         None => st.map.base_runs(),
     };
-    let mut w = PieceStream::new(header, counters, notes, runs);
+    let mut w = PieceStream::new(header, counters, notes, runs, STREAM_CHUNK);
     let len = w.padded_len();
     // The piece is byte `start` on of the chain laid over `segs`.
     let (start, mut segs, room) = match delta {
@@ -461,10 +462,10 @@ fn stream_piece(
         }
         w.push(r);
         index.push(&r);
-        if w.pending() >= STREAM_CHUNK {
-            let at = start + w.taken();
-            let b = w.take();
-            failed = write_stream(inner, &segs, at, &b).err();
+        if w.full() {
+            failed = w
+                .take(|at, b| write_stream(inner, &segs, start + at, b))
+                .err();
         }
     };
     let listed = match delta {
@@ -485,9 +486,8 @@ fn stream_piece(
     }
     let r = failed.map_or_else(
         || {
-            let at = start + w.taken();
-            let (last, crc) = w.finish();
-            write_stream(inner, &segs, at, &last)?;
+            let (written, crc) = w.finish(|at, b| write_stream(inner, &segs, start + at, b));
+            written?;
             // The CRC last: until it is in place the piece does not verify
             // (and nothing names it yet anyway).
             write_stream(inner, &segs, start + 68, &crc.to_le_bytes())?;

@@ -108,6 +108,7 @@ impl PieceWriter {
 /// the stream's running CRC is the piece's).
 pub struct PieceStream {
     buf: Vec<u8>,
+    chunk: usize,
     crc: u32,
     taken: u64,
     runs: u64,
@@ -118,14 +119,29 @@ pub struct PieceStream {
 }
 
 impl PieceStream {
-    /// A piece that will hold exactly `runs` runs.
-    pub fn new(h: &PieceHeader, counters: &[u64], notes: &[SegmentNote], runs: u64) -> Self {
-        let mut buf = piece_head(h, counters, notes, 0);
+    /// A piece that will hold exactly `runs` runs, taken about `chunk`
+    /// bytes at a time: the buffer is allocated once, for `chunk` bytes
+    /// plus one run and the padding (or the whole piece when that is
+    /// smaller), and kept from one take to the next.
+    pub fn new(
+        h: &PieceHeader,
+        counters: &[u64],
+        notes: &[SegmentNote],
+        runs: u64,
+        chunk: usize,
+    ) -> Self {
+        let head = piece_head(h, counters, notes, 0);
         let len = piece_len(counters.len(), notes.len(), runs);
+        let cap = (chunk + RUN_BYTES + PIECE_ALIGN as usize)
+            .min(usize::try_from(len).unwrap_or(usize::MAX))
+            .max(head.len());
+        let mut buf = Vec::with_capacity(cap);
+        buf.extend_from_slice(&head);
         put_u64(&mut buf, 56, runs);
         put_u64(&mut buf, 72, len);
         PieceStream {
             buf,
+            chunk,
             crc: 0,
             taken: 0,
             runs: 0,
@@ -154,33 +170,32 @@ impl PieceStream {
         self.runs += 1;
     }
 
-    /// Bytes encoded and not yet taken.
-    pub fn pending(&self) -> usize {
-        self.buf.len()
+    /// True once `chunk` bytes wait to be taken.
+    pub fn full(&self) -> bool {
+        self.buf.len() >= self.chunk
     }
 
-    /// Takes the bytes encoded so far; they go at piece offset `taken()`
-    /// before the call.
-    pub fn take(&mut self) -> Vec<u8> {
-        let b = std::mem::take(&mut self.buf);
+    /// Hands the bytes encoded and not yet taken to `write`, with the
+    /// piece offset they go at, then empties the buffer (keeping it).
+    pub fn take<R>(&mut self, write: impl FnOnce(u64, &[u8]) -> R) -> R {
         self.crc = if self.taken == 0 {
-            checksum::crc32c(&b)
+            checksum::crc32c(&self.buf)
         } else {
-            checksum::crc32c_append(self.crc, &b)
+            checksum::crc32c_append(self.crc, &self.buf)
         };
-        self.taken += b.len() as u64;
-        b
+        let at = self.taken;
+        self.taken += self.buf.len() as u64;
+        let r = write(at, &self.buf);
+        self.buf.clear();
+        r
     }
 
-    /// Bytes taken so far: where the next taken bytes go in the piece.
-    pub fn taken(&self) -> u64 {
-        self.taken
-    }
-
-    /// The last bytes (the padding included) and the piece's CRC, to be
-    /// written at piece offset 68 once every byte is in place. Panics when
-    /// fewer runs came than the piece was made for.
-    pub fn finish(mut self) -> (Vec<u8>, u32) {
+    /// Hands the last bytes (the padding included) to `write`, as
+    /// [`PieceStream::take`], and returns the piece's CRC with what
+    /// `write` returned: the CRC goes at piece offset 68 once every byte
+    /// is in place. Panics when fewer runs came than the piece was made
+    /// for.
+    pub fn finish<R>(mut self, write: impl FnOnce(u64, &[u8]) -> R) -> (R, u32) {
         assert_eq!(
             self.runs, self.expect_runs,
             "fewer runs than the piece was made for"
@@ -188,8 +203,8 @@ impl PieceStream {
         let end = self.taken + self.buf.len() as u64;
         self.buf
             .resize(self.buf.len() + (self.len - end) as usize, 0);
-        let last = self.take();
-        (last, self.crc)
+        let r = self.take(write);
+        (r, self.crc)
     }
 }
 
@@ -207,20 +222,24 @@ mod tests {
             for slice in [1usize, 20, 4096, 1 << 20] {
                 let h = header(PieceKind::Base, 9);
                 let mut w = PieceWriter::new(&h, &[7, 8], &notes(), 0);
-                let mut st = PieceStream::new(&h, &[7, 8], &notes(), runs);
+                let mut st = PieceStream::new(&h, &[7, 8], &notes(), runs, slice);
+                let cap = st.buf.capacity();
                 let mut got = Vec::new();
+                let mut put = |at: u64, b: &[u8]| {
+                    assert_eq!(at, got.len() as u64);
+                    got.extend_from_slice(b);
+                };
                 for i in 0..runs {
                     let r = run(i * 100, 1 + i as u32 % 40, (i + 1) << 20);
                     w.push(r);
                     st.push(r);
-                    if st.pending() >= slice {
-                        assert_eq!(st.taken(), got.len() as u64);
-                        got.extend_from_slice(&st.take());
+                    if st.full() {
+                        st.take(&mut put);
                     }
                 }
+                assert_eq!(st.buf.capacity(), cap, "the buffer is allocated once");
                 let len = st.padded_len();
-                let (last, crc) = st.finish();
-                got.extend_from_slice(&last);
+                let ((), crc) = st.finish(&mut put);
                 put_u32(&mut got, 68, crc);
                 let whole = w.finish();
                 assert_eq!(len, whole.len() as u64, "{runs} runs, slices of {slice}");
@@ -234,8 +253,8 @@ mod tests {
     #[test]
     #[should_panic(expected = "fewer runs")]
     fn a_streamed_piece_short_of_its_runs_is_refused() {
-        let mut st = PieceStream::new(&header(PieceKind::Base, 1), &[], &[], 2);
+        let mut st = PieceStream::new(&header(PieceKind::Base, 1), &[], &[], 2, 4096);
         st.push(run(0, 1, 1 << 20));
-        let _ = st.finish();
+        let _ = st.finish(|_, _| ());
     }
 }
