@@ -5,7 +5,7 @@
 //!   record. Data written in blobs needs one run per blob: a 64 KiB blob
 //!   costs 16 bytes for its 16 sectors, 1 byte per sector.
 //! - **dense**: 512 entries, once runs would cost more (after scattered
-//!   4 KiB overwrites, past [`RUNS_MAX`] runs): 5 bytes per sector while
+//!   4 KiB overwrites, at [`RUNS_MAX`] runs): 5 bytes per sector while
 //!   they are single-sector records, else 8 (`dense`).
 //!
 //! Also the run arithmetic the map's checkpoint side uses: grouping entries
@@ -54,12 +54,13 @@ pub(super) fn follows(prev: MapEntry, next: MapEntry) -> bool {
     }
 }
 
-/// More runs than this and a chunk turns dense. Runs cost 16 bytes each,
-/// and the vector doubles: 128 runs fill 2 KiB, the 129th makes it 4 KiB,
-/// where dense costs 2560 (single-sector records) or 4096. At 160, every
-/// chunk of squeeze-kv's store held a 4 KiB run list at once while it
-/// loaded, and the 2560-byte dense chunks that replaced them left those
-/// holes in malloc's heap: peak RSS fell 1 MiB where the map fell 3.6.
+/// A chunk never holds more runs than this: a set that could pass it turns
+/// the chunk dense first. Runs cost 16 bytes each and the vector doubles,
+/// so the list stops at 2 KiB, where dense costs 2560 (single-sector
+/// records) or 4096. At 160, every chunk of squeeze-kv's store held a
+/// 4 KiB run list at once while it loaded, and the 2560-byte dense chunks
+/// that replaced them left those holes in malloc's heap: peak RSS fell
+/// 1 MiB where the map fell 3.6.
 pub(super) const RUNS_MAX: usize = 128;
 
 pub(super) enum Chunk {
@@ -147,12 +148,17 @@ impl Chunk {
                 *mapped = *mapped + u32::from(e.is_mapped()) - u32::from(old.is_mapped());
                 old
             }
+            // A set adds at most two runs (splitting one and inserting
+            // one). One that could pass `RUNS_MAX` turns the chunk dense
+            // first, so the list never grows past its last size (a 4 KiB
+            // list allocated only to be dropped).
+            Chunk::Runs { runs, .. } if runs.len() + 2 > RUNS_MAX => {
+                self.make_dense();
+                self.set(i, e)
+            }
             Chunk::Runs { runs, mapped } => {
                 let old = set_in_runs(runs, i, e);
                 *mapped = *mapped + u32::from(e.is_mapped()) - u32::from(old.is_mapped());
-                if runs.len() > RUNS_MAX {
-                    self.make_dense();
-                }
                 old
             }
         }
@@ -224,7 +230,7 @@ impl Chunk {
         }
     }
 
-    /// Turns a run list dense (past `RUNS_MAX` runs), narrow unless an
+    /// Turns a run list dense (at `RUNS_MAX` runs), narrow unless an
     /// entry needs 8 bytes (no 4 KiB array in between).
     pub(super) fn make_dense(&mut self) {
         if let Chunk::Runs { runs, mapped } = self {
