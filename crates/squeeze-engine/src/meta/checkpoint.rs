@@ -16,7 +16,7 @@
 //! 1. Under the log lock, wait until every reserved record is installed,
 //!    then encode the piece (the map's changed runs, or all of them), the
 //!    counters and the head, and write it as it is encoded
-//!    (`stream_piece`: its runs counted first, 256 KiB per write, its CRC
+//!    (`stream_piece`: its runs counted first, 64 KiB per write, its CRC
 //!    last, so a big map's piece is never held whole in memory): a delta
 //!    after the chain's last piece (the rest of its last segment, then
 //!    newly allocated free segments), a base into newly allocated free
