@@ -19,7 +19,7 @@ use std::ops::Range;
 
 /// Runs per indexed group: a chunk read back reads at least one group per
 /// piece it is in (5 KiB). 256 rather than 128 since session 29: at 128
-/// the index of squeeze-kv's 5 M-record store held 0.3 MiB (heaptrack);
+/// the index of squeeze-kv's 5 M-record store held 0.4 MB (heaptrack);
 /// at 512, with a 600 KiB map cache at 1 M records, workload A ran at
 /// 45-46 k ops/s against 128's 48-50 k (faults read and check more).
 pub const GROUP_RUNS: usize = 256;
