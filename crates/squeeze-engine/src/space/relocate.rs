@@ -1,7 +1,7 @@
 //! Relocation: the live records of one segment re-appended at the log head
 //! as Relocate records, so that the segment holds no live sector and the
-//! next checkpoint frees it. The segment is read once, `WINDOW_BYTES` at
-//! a time:
+//! next checkpoint frees it. The segment is read once, a window at a time
+//! (64 KiB, grown up to `WINDOW_MAX` only for records that need it):
 //! - a record whose sectors are all live is copied as it is (no codec time),
 //!   unless a recompress algorithm is set, then it is recompressed with it
 //!   (zram's idea: write fast, recompress cold data that moves anyway);
@@ -41,11 +41,20 @@ use std::sync::Arc;
 /// the cleaner held about a third of squeeze-kv's peak heap at 1 M YCSB
 /// records (heaptrack; docs/KV.md, "Memory").
 const APPEND_BYTES_MAX: usize = 256 << 10;
-/// Bytes of a victim read at a time (at most the segment): more than
-/// twice the largest record, so a window always holds a whole one. The
-/// cleaner's read buffer, whatever the segment size.
-const WINDOW_BYTES: usize = 384 << 10;
-const _: () = assert!(WINDOW_BYTES as u64 > 2 * MAX_RECORD_BYTES);
+/// Bytes of a victim read at a time to begin with (at most the segment):
+/// the cleaner's read buffer while the segment's records are small, as
+/// squeeze-kv's one-sector buckets are. Session 30: a 384 KiB window
+/// allocated (and mapped) for every pass was the 0.38 MiB spike above the
+/// steady RSS at each pass in squeeze-kv's 5 M-record YCSB load (docs/KV.md,
+/// "Memory").
+const WINDOW_MIN: usize = 64 << 10;
+/// The largest window: more than twice the largest record, so a window
+/// that yields nothing still moves on by more than half its size. A window
+/// that yields no record doubles up to this before the walk moves on
+/// without one.
+const WINDOW_MAX: usize = 384 << 10;
+const _: () = assert!(WINDOW_MAX as u64 > 2 * MAX_RECORD_BYTES);
+const _: () = assert!(WINDOW_MIN.is_multiple_of(RECORD_ALIGN as usize));
 
 /// How a victim's live records are rewritten.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,11 +158,14 @@ pub(crate) fn rewrite_segment(inner: &Inner, s: SegmentId, mode: Rewrite) -> Res
 }
 
 /// Calls `f` with each record of segment `s` in log order and its offset
-/// in the backing file, reading the segment [`WINDOW_BYTES`] at a time into
-/// `buf`, until `f` answers false. The walk is that of one [`RecordScan`]
-/// over the whole segment: a window goes on from the end of the last
-/// record it yielded, or from where a record that did not end inside it
-/// may begin. False when the segment is no longer a log segment.
+/// in the backing file, reading the segment a window at a time into `buf`,
+/// until `f` answers false. The walk is that of one [`RecordScan`] over the
+/// whole segment: a window goes on from the end of the last record it
+/// yielded, or, when it yielded none, is read again twice as large (from
+/// [`WINDOW_MIN`] up to [`WINDOW_MAX`]), and at the largest goes on from
+/// where a record that did not end inside it may begin. So the buffer
+/// grows only as far as the segment's largest record needs. False when
+/// the segment is no longer a log segment.
 fn walk_records(
     inner: &Inner,
     s: SegmentId,
@@ -162,11 +174,13 @@ fn walk_records(
 ) -> Result<bool> {
     let seg_off = inner.segment_offset(s);
     let seg_size = inner.seg_size as usize;
-    let window = WINDOW_BYTES.min(seg_size);
-    buf.resize(window, 0);
+    let mut window = WINDOW_MIN.min(seg_size);
     let mut pos = 0usize;
     loop {
         let len = window.min(seg_size - pos);
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
         {
             let _gate = inner.gate.read();
             if !matches!(inner.log.lock().table.state(s), SegState::Log { .. }) {
@@ -189,8 +203,13 @@ fn walk_records(
         }
         // A record beginning before `floor` would have ended inside.
         let align = RECORD_ALIGN as usize;
-        let floor = (len - MAX_RECORD_BYTES as usize) / align * align;
-        pos += last_end.max(floor);
+        let floor = len.saturating_sub(MAX_RECORD_BYTES as usize) / align * align;
+        match last_end.max(floor) {
+            // Nothing yielded and nothing ruled out: the same place again,
+            // with room for a larger record (`f` saw nothing of this window).
+            0 => window = (window * 2).min(WINDOW_MAX),
+            step => pos += step,
+        }
     }
 }
 
@@ -506,52 +525,42 @@ mod tests {
     use crate::space::victim::sealed;
     use crate::{CreateOptions, SimStorage, Volume};
 
-    /// The windowed walk yields the records one scan of the whole segment
-    /// yields, in order, with records of every size across window
-    /// boundaries and a damaged header just before one.
-    #[test]
-    fn the_windowed_walk_finds_what_a_whole_segment_scan_finds() {
-        let s = Arc::new(SimStorage::new());
-        let mut o = CreateOptions::new(256 << 20);
-        o.segment_size = 4 << 20;
-        let v = Volume::create(s.clone(), &o).unwrap();
-        // Incompressible 4 KiB..128 KiB writes (raw records up to the
-        // largest) and compressible ones, until a few segments are sealed.
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut rnd = move || {
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             x
-        };
-        let mut off = 0u64;
-        while off < 40 << 20 {
-            let sectors = 1 + rnd() % 32;
-            let len = sectors as usize * SECTOR_SIZE;
-            let buf: Vec<u8> = if rnd() % 3 == 0 {
-                vec![(rnd() % 7) as u8 + 1; len]
-            } else {
-                (0..len).map(|_| rnd() as u8).collect()
-            };
-            v.write(off, &buf, false).unwrap();
-            off += len as u64;
+        }
+    }
+
+    /// Writes with `write` until a few segments are sealed, damages one
+    /// header (the last record beginning inside the first window of the
+    /// second sealed segment), then checks that the windowed walk of every
+    /// sealed segment yields what one scan of the whole segment yields, in
+    /// order. Returns the largest buffer a walk used and how many records
+    /// crossed a multiple of [`WINDOW_MIN`].
+    fn walk_matches_whole_scan(mut write: impl FnMut(&Volume)) -> (usize, usize) {
+        let s = Arc::new(SimStorage::new());
+        let mut o = CreateOptions::new(256 << 20);
+        o.segment_size = 4 << 20;
+        let v = Volume::create(s.clone(), &o).unwrap();
+        while sealed(&v.inner).0.len() < 5 {
+            write(&v);
         }
         v.flush().unwrap();
         let inner = &v.inner;
         let segs: Vec<SegmentId> = sealed(inner).0.iter().map(|&(s, ..)| s).collect();
-        assert!(segs.len() >= 4, "{} sealed segments", segs.len());
-        // Damage a header 48 bytes before the second window of one segment.
-        let damaged = segs[1];
-        let seg_off = inner.segment_offset(damaged);
+        let seg_off = inner.segment_offset(segs[1]);
         let mut whole = vec![0u8; inner.seg_size as usize];
         inner.storage.read_at(&mut whole, seg_off).unwrap();
         let cut = RecordScan::new(&whole, inner.uuid, Stride::Record)
             .map(|r| r.offset)
-            .filter(|&o| o < WINDOW_BYTES)
+            .filter(|&o| o < WINDOW_MIN)
             .last()
             .unwrap();
         s.flip_bit(seg_off + cut as u64 + 10, 3);
-        let mut crossing = 0;
+        let (mut crossing, mut most) = (0, 0);
         for seg in segs {
             let seg_off = inner.segment_offset(seg);
             inner.storage.read_at(&mut whole, seg_off).unwrap();
@@ -564,10 +573,11 @@ mod tests {
                     )
                 })
                 .collect();
+            assert!(!want.is_empty());
             crossing += RecordScan::new(&whole, inner.uuid, Stride::Record)
                 .filter(|r| {
                     let end = r.offset + r.header.record_len() as usize;
-                    r.offset / WINDOW_BYTES != (end - 1) / WINDOW_BYTES
+                    r.offset / WINDOW_MIN != (end - 1) / WINDOW_MIN
                 })
                 .count();
             let mut got = Vec::new();
@@ -579,8 +589,48 @@ mod tests {
             .unwrap();
             assert!(log);
             assert_eq!(got, want, "segment {seg}");
-            assert!(buf.len() <= WINDOW_BYTES);
+            most = most.max(buf.len());
         }
+        (most, crossing)
+    }
+
+    /// Records of every size, up to the largest (incompressible 128 KiB):
+    /// the window grows for them, never past [`WINDOW_MAX`].
+    #[test]
+    fn the_windowed_walk_finds_what_a_whole_segment_scan_finds() {
+        let mut rnd = xorshift(0x9E37_79B9_7F4A_7C15);
+        let mut off = 0u64;
+        let (most, crossing) = walk_matches_whole_scan(|v| {
+            let sectors = 1 + rnd() % 32;
+            let len = sectors as usize * SECTOR_SIZE;
+            let buf: Vec<u8> = if rnd().is_multiple_of(3) {
+                vec![(rnd() % 7) as u8 + 1; len]
+            } else {
+                (0..len).map(|_| rnd() as u8).collect()
+            };
+            v.write(off, &buf, false).unwrap();
+            off += len as u64;
+        });
+        assert!(most > WINDOW_MIN && most <= WINDOW_MAX, "{most}");
+        assert!(crossing >= 4, "{crossing} records across a window boundary");
+    }
+
+    /// Scattered one-sector records (squeeze-kv's buckets), compressible or
+    /// not: the walk never needs more than [`WINDOW_MIN`].
+    #[test]
+    fn small_records_are_walked_in_the_smallest_window() {
+        let mut rnd = xorshift(0x2545_F491_4F6C_DD1D);
+        let (most, crossing) = walk_matches_whole_scan(|v| {
+            let lba = rnd() % (64 << 10);
+            let buf: Vec<u8> = if rnd().is_multiple_of(2) {
+                let b = (rnd() % 7) as u8 + 1;
+                (0..SECTOR_SIZE).map(|i| b ^ (i / 512) as u8).collect()
+            } else {
+                (0..SECTOR_SIZE).map(|_| rnd() as u8).collect()
+            };
+            v.write(lba * SECTOR_SIZE as u64, &buf, false).unwrap();
+        });
+        assert_eq!(most, WINDOW_MIN);
         assert!(crossing >= 4, "{crossing} records across a window boundary");
     }
 }
