@@ -150,6 +150,17 @@ pub struct OpenOptions {
     /// taken (0 pages out every chunk that can go: tests); the command line
     /// asks for at least [`MAP_CACHE_MIN`].
     pub map_cache: Option<u64>,
+    /// Runs a chunk of the sector map (2 MiB of logical space) keeps as a
+    /// run list before it turns dense; None: 128, the most that costs
+    /// less than a dense chunk. A volume that scattered writes will map
+    /// whole (squeeze-kv's bucket table) gains nothing from run lists it
+    /// soon replaces, and building and dropping them fragments the heap:
+    /// 0 makes a chunk dense from its first entry (session 30: peak RSS of
+    /// the 5 M-record YCSB store 0.6-0.9 MiB lower, docs/KV.md "Memory").
+    /// A sparsely written volume pays for a low bound: up to 2560 or 4096
+    /// bytes a chunk where its runs cost 16 bytes each. Not stored in the
+    /// volume.
+    pub map_runs_max: Option<usize>,
 }
 
 /// The map cache `open` asks for.

@@ -333,6 +333,10 @@ impl Volume {
         mark: Option<FlushMark>,
         damage: RecoveryDamage,
     ) -> Result<Volume> {
+        let mut state = state;
+        if let Some(n) = open.map_runs_max {
+            state.map.set_runs_max(n);
+        }
         let engine = open.engine.clone().unwrap_or_else(|| {
             let n = std::thread::available_parallelism().map_or(1, |n| n.get());
             // ISA-L's pool when the build has it (it only changes who runs

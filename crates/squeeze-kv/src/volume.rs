@@ -111,6 +111,9 @@ pub fn create_volume_with(path: &Path, buckets: u64, v: VolumeOptions) -> Result
             // Buckets as lz4 now, zstd:3 when the clients pause.
             adapt_defer: true,
             map_cache: Some(v.map_cache),
+            // Every bucket gets mapped, one sector each: dense chunks from
+            // the first, never a run list built only to be dropped.
+            map_runs_max: Some(0),
             ..Default::default()
         },
     )?))

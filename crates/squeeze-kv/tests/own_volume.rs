@@ -116,3 +116,53 @@ fn a_stores_own_volume_defers_compression_and_compact_brings_the_target() {
         );
     }
 }
+
+/// Every bucket of a store gets mapped, one sector each, so its own volume
+/// makes a chunk of the map dense from its first entry
+/// (`OpenOptions::map_runs_max`): 2560 bytes a chunk at once, never a run
+/// list built only to be dropped (docs/KV.md, "Memory"). A volume opened
+/// the usual way keeps a few scattered buckets as runs, 16 bytes each.
+#[test]
+fn a_stores_own_volume_keeps_its_map_dense_from_the_first_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.sqz");
+    let map_of = |vol: &Arc<Volume>| {
+        let st = vol.stats();
+        (st.map_chunks, st.map_memory_bytes)
+    };
+    let vol = create_volume(&path, 16384).unwrap();
+    let s = Store::create(
+        vol.clone(),
+        CreateStore {
+            buckets: Some(16384),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // About 4 of the 512 buckets of each chunk.
+    for i in 0..128u32 {
+        s.put(format!("key{i}").as_bytes(), b"value").unwrap();
+    }
+    s.flush().unwrap();
+    let (chunks, bytes) = map_of(&vol);
+    assert!(chunks >= 30, "{chunks} chunks");
+    assert!(bytes >= chunks * 2560, "{bytes} bytes for {chunks} chunks");
+    drop(s);
+    Arc::try_unwrap(vol).ok().unwrap().close().unwrap();
+    let vol = Arc::new(
+        Volume::open(
+            Arc::new(FileStorage::open(&path).unwrap()),
+            OpenOptions::default(),
+        )
+        .unwrap(),
+    );
+    let (chunks, bytes) = map_of(&vol);
+    assert!(bytes < chunks * 1024, "{bytes} bytes for {chunks} chunks");
+    let s = Store::open(vol, Expect::default()).unwrap();
+    for i in 0..128u32 {
+        assert_eq!(
+            s.get(format!("key{i}").as_bytes()).unwrap().as_deref(),
+            Some(&b"value"[..])
+        );
+    }
+}

@@ -5,8 +5,9 @@
 //!   record. Data written in blobs needs one run per blob: a 64 KiB blob
 //!   costs 16 bytes for its 16 sectors, 1 byte per sector.
 //! - **dense**: 512 entries, once runs would cost more (after scattered
-//!   4 KiB overwrites, at [`RUNS_MAX`] runs): 5 bytes per sector while
-//!   they are single-sector records, else 8 (`dense`).
+//!   4 KiB overwrites, at [`RUNS_MAX`] runs, or at the map's own bound:
+//!   `SectorMap::set_runs_max`): 5 bytes per sector while they are
+//!   single-sector records, else 8 (`dense`).
 //!
 //! Also the run arithmetic the map's checkpoint side uses: grouping entries
 //! into maximal runs (`group_runs`) and joining runs across chunk edges
@@ -54,8 +55,9 @@ pub(super) fn follows(prev: MapEntry, next: MapEntry) -> bool {
     }
 }
 
-/// A chunk never holds more runs than this: a set that could pass it turns
-/// the chunk dense first. Runs cost 16 bytes each and the vector doubles,
+/// A chunk holds no more runs than this by default (the map's `runs_max`,
+/// passed to the calls below): a set that could pass it turns the chunk
+/// dense first. Runs cost 16 bytes each and the vector doubles,
 /// so the list stops at 2 KiB, where dense costs 2560 (single-sector
 /// records) or 4096. At 160, every chunk of squeeze-kv's store held a
 /// 4 KiB run list at once while it loaded, and the 2560-byte dense chunks
@@ -140,8 +142,9 @@ impl Chunk {
         }
     }
 
-    /// Sets entry `i`, returning the old one.
-    pub(super) fn set(&mut self, i: u16, e: MapEntry) -> MapEntry {
+    /// Sets entry `i`, returning the old one; a run list that could pass
+    /// `runs_max` runs turns dense first.
+    pub(super) fn set(&mut self, i: u16, e: MapEntry, runs_max: usize) -> MapEntry {
         match self {
             Chunk::Dense { entries, mapped } => {
                 let old = entries.set(i, e);
@@ -152,9 +155,9 @@ impl Chunk {
             // one). One that could pass `RUNS_MAX` turns the chunk dense
             // first, so the list never grows past its last size (a 4 KiB
             // list allocated only to be dropped).
-            Chunk::Runs { runs, .. } if runs.len() + 2 > RUNS_MAX => {
+            Chunk::Runs { runs, .. } if runs.len() + 2 > runs_max => {
                 self.make_dense();
-                self.set(i, e)
+                self.set(i, e, runs_max)
             }
             Chunk::Runs { runs, mapped } => {
                 let old = set_in_runs(runs, i, e);
@@ -166,8 +169,8 @@ impl Chunk {
 
     /// Sets sectors `i..i + n` to consecutive entries from `first` (all
     /// unmapped when it is): one splice of the run list instead of `n`
-    /// single sets (loading a checkpoint delta).
-    pub(super) fn set_span(&mut self, i: u16, n: u16, first: MapEntry) {
+    /// single sets (loading a checkpoint delta); dense past `runs_max` runs.
+    pub(super) fn set_span(&mut self, i: u16, n: u16, first: MapEntry, runs_max: usize) {
         let end = i + n;
         match self {
             Chunk::Dense { entries, mapped } => {
@@ -223,14 +226,14 @@ impl Chunk {
                     k -= 1;
                 }
                 *mapped = *mapped - removed + if first.is_mapped() { u32::from(n) } else { 0 };
-                if runs.len() > RUNS_MAX {
+                if runs.len() > runs_max {
                     self.make_dense();
                 }
             }
         }
     }
 
-    /// Turns a run list dense (at `RUNS_MAX` runs), narrow unless an
+    /// Turns a run list dense (past the map's `runs_max` runs), narrow unless an
     /// entry needs 8 bytes (no 4 KiB array in between).
     pub(super) fn make_dense(&mut self) {
         if let Chunk::Runs { runs, mapped } = self {
@@ -252,8 +255,9 @@ impl Chunk {
         }
     }
 
-    /// Builds the cheaper form from dense entries.
-    pub(super) fn from_dense(entries: DenseEntries) -> Chunk {
+    /// Builds the cheaper form from dense entries: runs while they are at
+    /// most `runs_max`.
+    pub(super) fn from_dense(entries: DenseEntries, runs_max: usize) -> Chunk {
         let mapped = entries.with_slice(|s| s.iter().filter(|e| e.is_mapped()).count()) as u32;
         let mut runs: Vec<Run> = Vec::new();
         for i in 0..CHUNK_ENTRIES {
@@ -269,7 +273,7 @@ impl Chunk {
                     first: e,
                 }),
             }
-            if runs.len() > RUNS_MAX {
+            if runs.len() > runs_max {
                 return Chunk::Dense { entries, mapped };
             }
         }

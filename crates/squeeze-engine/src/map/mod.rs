@@ -34,7 +34,7 @@ pub mod paging;
 mod pieces;
 mod runs;
 
-use chunk::Chunk;
+use chunk::{Chunk, RUNS_MAX};
 use dirty_bits::{mark, Dirty, DirtyBits};
 use paging::PagedChunk;
 use pieces::Pieces;
@@ -67,7 +67,6 @@ impl Slot {
     }
 }
 
-#[derive(Default)]
 pub struct SectorMap {
     chunks: BTreeMap<u64, Slot>,
     paged: BTreeMap<u64, PagedChunk>,
@@ -87,6 +86,27 @@ pub struct SectorMap {
     /// change (`page_in`: a fault read outside the write lock installs
     /// only at the epoch it read at).
     chain_epoch: u64,
+    /// Runs a chunk keeps as a run list before it turns dense
+    /// ([`RUNS_MAX`] unless `set_runs_max` says otherwise).
+    runs_max: usize,
+}
+
+impl Default for SectorMap {
+    fn default() -> SectorMap {
+        SectorMap {
+            chunks: BTreeMap::new(),
+            paged: BTreeMap::new(),
+            mapped: 0,
+            weight: 0,
+            dirty: Dirty::default(),
+            frozen: Dirty::default(),
+            chunk_bytes: 0,
+            overlay_bytes: 0,
+            hand: 0,
+            chain_epoch: 0,
+            runs_max: RUNS_MAX,
+        }
+    }
 }
 
 /// Approximate heap cost of one BTreeMap slot (key, value, node slack).
@@ -99,6 +119,13 @@ const PAGED_SLOT_BYTES: u64 = (TREE_SLOT_BYTES / 2 + std::mem::size_of::<PagedCh
 impl SectorMap {
     pub fn new() -> SectorMap {
         SectorMap::default()
+    }
+
+    /// Chunks turn dense once a change could take their run list past `n`
+    /// runs (`OpenOptions::map_runs_max`), not past [`RUNS_MAX`]; chunks
+    /// already resident keep their form until they next change.
+    pub fn set_runs_max(&mut self, n: usize) {
+        self.runs_max = n;
     }
 
     fn slot(&self, c: u64) -> Result<Option<&Slot>, Paged> {
@@ -167,7 +194,7 @@ impl SectorMap {
         let slot = self.chunks.get_mut(&c).expect("inserted above");
         let ch = &mut slot.chunk;
         let (before_w, before_b) = (ch.weight(), ch.memory_bytes() as u64);
-        let old = ch.set(i, entry);
+        let old = ch.set(i, entry, self.runs_max);
         self.weight = self.weight + ch.weight() - before_w;
         self.chunk_bytes = self.chunk_bytes + ch.memory_bytes() as u64 - before_b;
         if old != entry {
@@ -494,11 +521,17 @@ mod tests {
         }
     }
 
+    /// Random sets and clears against a plain array, with the default
+    /// bound on a chunk's runs, with dense chunks from the first entry
+    /// (`set_runs_max(0)`) and with a small bound: the same answers, and no
+    /// run list past the bound.
     #[test]
     fn matches_a_dense_model() {
         let mut r = rand::rngs::StdRng::seed_from_u64(7);
-        for _ in 0..20 {
+        for round in 0..21 {
+            let runs_max = [RUNS_MAX, 0, 5][round % 3];
             let mut m = SectorMap::new();
+            m.set_runs_max(runs_max);
             let mut model = vec![MapEntry::UNMAPPED; 3 * CHUNK_ENTRIES];
             for k in 0..3000u64 {
                 let start = r.gen_range(0..model.len() as u64);
@@ -536,9 +569,17 @@ mod tests {
                     assert_eq!(m.next_mapped(0, u64::MAX).unwrap(), first);
                     // Round trip through a checkpoint base.
                     let mut m2 = SectorMap::new();
+                    m2.set_runs_max(runs_max);
                     m.for_each_run(no_load, |r| m2.load_run(r)).unwrap();
                     assert_eq!(m2.iter_mapped().collect::<Vec<_>>(), it);
                     assert_eq!(m2.mapped(), m.mapped());
+                    for map in [&m, &m2] {
+                        for s in map.chunks.values() {
+                            if let Chunk::Runs { runs, .. } = &s.chunk {
+                                assert!(runs.len() <= runs_max, "{} runs", runs.len());
+                            }
+                        }
+                    }
                 }
             }
         }

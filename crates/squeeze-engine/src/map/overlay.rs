@@ -88,6 +88,7 @@ impl Overlay {
 
 #[cfg(test)]
 mod tests {
+    use super::super::chunk::RUNS_MAX;
     use super::super::tests::blob;
     use super::*;
 
@@ -98,7 +99,7 @@ mod tests {
             mapped: 0,
         };
         for i in 0..20u16 {
-            ch.set(i * 7, blob(1 << 20, 1, 0).advance(0));
+            ch.set(i * 7, blob(1 << 20, 1, 0).advance(0), RUNS_MAX);
         }
         let mut bits: DirtyBits = [0; CHUNK_ENTRIES / 64];
         for i in [0usize, 7, 8, 511] {

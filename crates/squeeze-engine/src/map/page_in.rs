@@ -58,8 +58,9 @@ impl LoadedChunk {
             return;
         }
         let first = r.entry((lo - r.lba) as u32);
+        // Dense from `new`: `runs_max` plays no part until `install`.
         self.chunk
-            .set_span((lo - self.base) as u16, (hi - lo) as u16, first);
+            .set_span((lo - self.base) as u16, (hi - lo) as u16, first, RUNS_MAX);
     }
 
     pub fn mapped(&self) -> u32 {
@@ -77,7 +78,7 @@ impl LoadedChunk {
 
     /// Sets chunk-relative sector `i` (an overlay's entry).
     pub(super) fn set(&mut self, i: u16, e: MapEntry) {
-        self.chunk.set(i, e);
+        self.chunk.set(i, e, RUNS_MAX);
     }
 
     /// Mapped entries with their LBA.
@@ -145,10 +146,11 @@ impl SectorMap {
         }
         let p = self.paged.remove(&c).expect("checked above");
         let mut l = l;
-        // Dense past RUNS_MAX runs: `from_dense` would build and drop them.
-        if runs <= RUNS_MAX as u64 {
+        // Dense past the map's `runs_max` runs: `from_dense` would build
+        // and drop them.
+        if runs <= self.runs_max as u64 {
             if let Chunk::Dense { entries, .. } = l.chunk {
-                l.chunk = Chunk::from_dense(entries);
+                l.chunk = Chunk::from_dense(entries, self.runs_max);
             }
         }
         if let Some(o) = &p.overlay {
@@ -213,12 +215,20 @@ mod tests {
     /// map installs only what is still current, and answers as a map that
     /// never pages. A write made while a fault read its chunk is never
     /// lost (the overlay is laid at install), and a chunk read from pieces
-    /// a checkpoint then extended or replaced is never installed.
+    /// a checkpoint then extended or replaced is never installed. With the
+    /// default bound on runs, and with chunks dense from their first entry
+    /// (`set_runs_max(0)`, squeeze-kv's volume) beside a map that keeps runs.
     #[test]
     fn faults_read_outside_the_lock_install_only_when_current() {
+        faults_install_only_when_current(RUNS_MAX);
+        faults_install_only_when_current(0);
+    }
+
+    fn faults_install_only_when_current(runs_max: usize) {
         let mut r = rand::rngs::StdRng::seed_from_u64(41);
         let span = 6 * CHUNK_ENTRIES as u64;
         let mut m = SectorMap::new();
+        m.set_runs_max(runs_max);
         let mut never = SectorMap::new();
         let mut chain: Chain = Vec::new();
         let mut reading: Vec<(Fault, LoadedChunk)> = Vec::new();
@@ -291,6 +301,12 @@ mod tests {
                 assert_eq!(got, never.get(l).unwrap(), "round {round}, sector {l}");
             }
             assert_eq!(m.mapped(), never.mapped());
+            if runs_max == 0 {
+                assert!(m
+                    .chunks
+                    .values()
+                    .all(|s| matches!(s.chunk, Chunk::Dense { .. })));
+            }
             if r.gen_range(0..2) == 0 {
                 m.evict(0, 2 * m.chunk_count(), u64::MAX);
             }

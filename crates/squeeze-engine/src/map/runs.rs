@@ -5,7 +5,7 @@
 //! open (`load_run`, `apply_run`, `load_chunk`), none of them recorded as
 //! changes.
 
-use super::chunk::{follows, group_runs, join, Chunk, Run, RUNS_MAX};
+use super::chunk::{follows, group_runs, join, Chunk, Run};
 use super::dense::DenseEntries;
 use super::dirty_bits::is_marked;
 use super::page_in::LoadedChunk;
@@ -139,7 +139,7 @@ impl SectorMap {
                         }),
                     }
                     *mapped += u32::from(n);
-                    too_many_runs = runs.len() > RUNS_MAX;
+                    too_many_runs = runs.len() > self.runs_max;
                 }
                 Chunk::Dense { entries, mapped } => {
                     for k in 0..n {
@@ -175,7 +175,7 @@ impl SectorMap {
             if let Some(slot) = self.chunks.get_mut(&c) {
                 let ch = &mut slot.chunk;
                 let (w, m, b) = (ch.weight(), ch.mapped(), ch.memory_bytes() as u64);
-                ch.set_span(i, n, first);
+                ch.set_span(i, n, first, self.runs_max);
                 self.weight = self.weight + ch.weight() - w;
                 self.mapped = self.mapped + u64::from(ch.mapped()) - u64::from(m);
                 self.chunk_bytes = self.chunk_bytes + ch.memory_bytes() as u64 - b;
@@ -203,7 +203,7 @@ impl SectorMap {
 
     /// Installs a whole chunk read from a format 1 checkpoint.
     pub fn load_chunk(&mut self, index: u64, entries: Box<[MapEntry; CHUNK_ENTRIES]>) {
-        let ch = Chunk::from_dense(DenseEntries::from_array(entries));
+        let ch = Chunk::from_dense(DenseEntries::from_array(entries), self.runs_max);
         if ch.mapped() == 0 {
             return;
         }
