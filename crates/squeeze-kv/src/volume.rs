@@ -13,8 +13,9 @@
 //! `SQUEEZE_IO=direct`, a pool of 1 MiB); small segments keep what the
 //! cleaner and the idle upgrade find to move in one victim small. With
 //! both, what the process holds is the sector map (5 bytes per mapped
-//! bucket since session 27, bounded by `VolumeOptions::map_cache`) plus a few MiB
-//! (docs/KV.md, "Memory").
+//! bucket since session 27, bounded by `VolumeOptions::map_cache`; each
+//! chunk dense from its first bucket since session 30, as every bucket
+//! gets mapped) plus a few MiB (docs/KV.md, "Memory").
 
 use crate::Result;
 use squeeze_engine::{
