@@ -52,18 +52,35 @@ pub struct RecoveryDamage {
     /// The newest flush mark read (None: no mark of this volume, so a
     /// missing tail could not be told from unflushed writes).
     pub flushed_seq: Option<u64>,
+    /// Flush mark slots found damaged (neither zeros nor a mark).
+    pub damaged_marks: Option<DamagedMarks>,
+}
+
+/// Flush mark slots that hold neither zeros nor a mark. Any of them may
+/// have held the newest mark, so after a crash replay cannot tell flushed
+/// records that are gone from a tail of unflushed writes: loss, as a
+/// missing record below a mark is (the session-30 fuzz input: the newest
+/// mark overwritten and the file cut short served older data as if
+/// nothing had been flushed). After a clean close nothing needed them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DamagedMarks {
+    pub slots: Vec<u64>,
+    /// The volume was not closed cleanly: its log was replayed.
+    pub after_crash: bool,
 }
 
 impl RecoveryDamage {
     /// Nothing damaged.
     pub fn is_empty(&self) -> bool {
-        self.superblock.is_none() && !self.is_loss()
+        self.superblock.is_none() && self.damaged_marks.is_none() && !self.is_loss()
     }
 
     /// Flushed data is gone (as opposed to a superblock slot repaired from
     /// the other).
     pub fn is_loss(&self) -> bool {
-        !self.lost.is_empty() || self.truncated.is_some()
+        !self.lost.is_empty()
+            || self.truncated.is_some()
+            || self.damaged_marks.as_ref().is_some_and(|m| m.after_crash)
     }
 
     /// Records lost, counted by seq.
@@ -77,6 +94,25 @@ impl fmt::Display for RecoveryDamage {
         let mut parts = Vec::new();
         if let Some(s) = &self.superblock {
             parts.push(s.clone());
+        }
+        if let Some(m) = &self.damaged_marks {
+            let slots: Vec<String> = m.slots.iter().map(u64::to_string).collect();
+            parts.push(if m.after_crash {
+                format!(
+                    "flush mark slot(s) {} damaged (neither zeros nor a mark): one may have \
+                     claimed records the log no longer holds, so flushed writes may be missing \
+                     without being named (replayed up to the newest intact mark{})",
+                    slots.join(", "),
+                    self.flushed_seq
+                        .map_or(String::new(), |s| format!(", seq {s}"))
+                )
+            } else {
+                format!(
+                    "flush mark slot(s) {} damaged (neither zeros nor a mark); the volume \
+                     was closed cleanly, so nothing needed them",
+                    slots.join(", ")
+                )
+            });
         }
         if let Some(t) = &self.truncated {
             parts.push(format!(

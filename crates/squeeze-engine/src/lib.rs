@@ -49,7 +49,7 @@ mod volume_passes;
 mod volume_settings;
 pub(crate) mod write;
 
-pub use damage::RecoveryDamage;
+pub use damage::{DamagedMarks, RecoveryDamage};
 pub use error::{EngineError, Result};
 pub use pipeline::policy::Hint;
 pub use space::gc_policy::{GcPolicy, GARBAGE_BUDGET_MIN};

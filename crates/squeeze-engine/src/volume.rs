@@ -27,7 +27,7 @@
 use crate::append::segment_header;
 use crate::counters::Counter;
 use crate::counters::Counters;
-use crate::damage::RecoveryDamage;
+use crate::damage::{DamagedMarks, RecoveryDamage};
 use crate::error::{EngineError, Invalid, Result};
 use crate::locks::{RangeLocks, Tickets};
 use crate::map::SectorMap;
@@ -199,8 +199,8 @@ impl Volume {
             .map(|o| only_in(o, &sb))
             .unwrap_or_default();
         let cache = map_cache_of(&open);
-        let mut mark = flush_marks::read(&*storage, &sb.uuid)?;
-        let rec = match recovery::recover(&*storage, &sb, &older, cache, mark) {
+        let mut marks = flush_marks::read(&*storage, &sb.uuid)?;
+        let rec = match recovery::recover(&*storage, &sb, &older, cache, marks.newest) {
             Ok(rec) => rec,
             Err(e @ EngineError::Metadata(_)) if slots.other.is_some() => {
                 let other = slots.other.clone().expect("checked");
@@ -220,14 +220,21 @@ impl Volume {
                 older = only_in(&sb, &other);
                 sb = other;
                 sb.clean = false;
-                mark = flush_marks::read(&*storage, &sb.uuid)?;
-                recovery::recover(&*storage, &sb, &older, cache, mark)?
+                marks = flush_marks::read(&*storage, &sb.uuid)?;
+                recovery::recover(&*storage, &sb, &older, cache, marks.newest)?
             }
             Err(e) => return Err(e),
         };
         damage.lost = rec.lost.clone();
         damage.truncated = rec.truncated;
+        let mark = marks.newest;
         damage.flushed_seq = mark.map(|m| m.flushed_seq);
+        if !marks.damaged.is_empty() {
+            damage.damaged_marks = Some(DamagedMarks {
+                slots: marks.damaged.clone(),
+                after_crash: !sb.clean,
+            });
+        }
         if damage.is_loss() {
             if !open.accept_loss {
                 return Err(EngineError::Damaged(Box::new(damage)));
@@ -260,6 +267,9 @@ impl Volume {
         };
         if !vol.inner.read_only {
             Self::settle_after_open(&vol, needs_checkpoint, rec.replayed, rec.replay_end)?;
+            // After the checkpoint above (a crash) they claim nothing the
+            // volume needs.
+            flush_marks::clear(&*vol.inner.storage, &marks.damaged)?;
         }
         // Recovery read the whole map: down to its cache.
         pager::trim_map(&vol.inner);

@@ -119,6 +119,26 @@ impl FlushMark {
             .filter(|m| &m.uuid == uuid)
             .max_by_key(|m| (m.flushed_seq, m.count))
     }
+
+    /// The slots among the slots' bytes that hold neither zeros (never
+    /// written) nor a mark (this volume's, another's, or one of another
+    /// version): damage. A mark is written in one piece inside the first
+    /// sector of its own page, so a crash leaves a slot old or new, never
+    /// torn (sector writes are atomic); a damaged slot may have held the
+    /// newest mark.
+    pub fn damaged_slots(area: &[u8]) -> Vec<u64> {
+        (0..FLUSH_MARK_SLOTS)
+            .filter(|&s| {
+                let at = s as usize * FLUSH_MARK_SLOT_SIZE;
+                let b = &area[at.min(area.len())..(at + FLUSH_MARK_LEN).min(area.len())];
+                b.iter().any(|&x| x != 0)
+                    && !matches!(
+                        FlushMark::decode(b),
+                        Ok(_) | Err(FormatError::UnsupportedVersion { .. })
+                    )
+            })
+            .collect()
+    }
 }
 
 /// Byte offset of flush mark slot `slot`.
@@ -169,9 +189,19 @@ mod tests {
         put(&mut area, &b);
         assert_eq!(FlushMark::newest(&area, &[7; 16]), Some(b));
         assert_eq!(FlushMark::newest(&area, &[8; 16]), None);
-        // The newest slot torn: the older mark still answers.
+        assert!(FlushMark::damaged_slots(&area).is_empty());
+        // The newest slot damaged: the older mark still answers, and the
+        // slot is named as damaged (it may have claimed more).
         let at = (b.offset() - FLUSH_MARK_START) as usize;
         area[at + 40] ^= 1;
         assert_eq!(FlushMark::newest(&area, &[7; 16]), Some(a));
+        assert_eq!(FlushMark::damaged_slots(&area), vec![5]);
+        // Bytes past the mark in its page do not matter; a slot of
+        // garbage does.
+        area[at + 40] ^= 1;
+        area[at + FLUSH_MARK_LEN + 100] = 0xa5;
+        assert!(FlushMark::damaged_slots(&area).is_empty());
+        area[9 * FLUSH_MARK_SLOT_SIZE + 3] = 1;
+        assert_eq!(FlushMark::damaged_slots(&area), vec![9]);
     }
 }

@@ -42,11 +42,38 @@ impl Synced {
     }
 }
 
-/// The newest valid mark of volume `uuid` (None: no mark, or none intact).
-pub(crate) fn read(storage: &dyn Storage, uuid: &[u8; 16]) -> io::Result<Option<FlushMark>> {
+/// What the mark slots say at open.
+#[derive(Clone, Debug)]
+pub(crate) struct Marks {
+    /// The newest valid mark of the volume (None: no mark, or none intact).
+    pub newest: Option<FlushMark>,
+    /// Slots holding neither zeros nor a mark (`FlushMark::damaged_slots`):
+    /// one of them may have held a newer mark than `newest`.
+    pub damaged: Vec<u64>,
+}
+
+/// The marks of volume `uuid`.
+pub(crate) fn read(storage: &dyn Storage, uuid: &[u8; 16]) -> io::Result<Marks> {
     let mut area = vec![0u8; FLUSH_MARK_SLOTS as usize * FLUSH_MARK_SLOT_SIZE];
     storage.read_at(&mut area, FLUSH_MARK_START)?;
-    Ok(FlushMark::newest(&area, uuid))
+    Ok(Marks {
+        newest: FlushMark::newest(&area, uuid),
+        damaged: FlushMark::damaged_slots(&area),
+    })
+}
+
+/// Zeroes damaged slots, durably: done once an open has accepted what
+/// they might have claimed (or the volume was closed cleanly and needed
+/// none of them), so that the next open does not report them again.
+pub(crate) fn clear(storage: &dyn Storage, slots: &[u64]) -> io::Result<()> {
+    if slots.is_empty() {
+        return Ok(());
+    }
+    let zeros = [0u8; FLUSH_MARK_SLOT_SIZE];
+    for &s in slots {
+        storage.write_at(&zeros, squeeze_format::flush_mark::slot_offset(s))?;
+    }
+    storage.sync()
 }
 
 /// The mark saying that every record of this open with a seq below
