@@ -112,6 +112,25 @@ fn damage_after_a_crash_is_intact_or_reported() {
         assert!(intact(&exp.expect("export")), "{name}: export differs");
     }
 
+    // A flush mark slot (8192.., sixteen of 4 KiB) filled with random
+    // bytes after the crash: it may have held the newest mark, so the log's
+    // end can no longer be told from unflushed writes: reported, refused;
+    // accepted, the data (all here) exports.
+    let p = damage("mark.sqz", &|f| put(f, 8192, &random_data(4096, 11)));
+    let (code, out, exp) = check_and_export(&w, &p, false);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("FLUSH MARKS DAMAGED: slot(s) 0"), "{out}");
+    let err = exp.expect_err("export of a volume whose marks are damaged");
+    assert!(
+        err.contains("flush mark slot") && err.contains("--accept-loss"),
+        "{err}"
+    );
+    let (_, _, exp) = check_and_export(&w, &p, true);
+    assert!(
+        intact(&exp.expect("export --accept-loss")),
+        "mark.sqz: export differs"
+    );
+
     // 4 KiB of random bytes in the middle of the log: reported, refused.
     let mid = (len / 2) / 4096 * 4096;
     let p = damage("mid.sqz", &|f| put(f, mid, &random_data(4096, 10)));

@@ -74,6 +74,19 @@ pub fn run(a: Args) -> Result<ExitCode> {
         if let Some(sb) = &r.superblock {
             outln!("SUPERBLOCK DAMAGED: {sb}");
         }
+        if let Some(m) = &r.damaged_marks {
+            let slots: Vec<String> = m.slots.iter().map(u64::to_string).collect();
+            outln!(
+                "FLUSH MARKS DAMAGED: slot(s) {} hold neither zeros nor a mark{}",
+                slots.join(", "),
+                if m.after_crash {
+                    ": the volume was not closed cleanly, so flushed writes after the newest \
+                     intact mark may be missing without being named"
+                } else {
+                    " (the volume was closed cleanly: nothing needed them)"
+                }
+            );
+        }
         if let Some(t) = &r.truncated {
             outln!(
                 "TRUNCATED: the file is {} bytes, but its records reach byte {} or further ({} bytes or more cut off)",
