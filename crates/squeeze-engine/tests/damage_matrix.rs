@@ -131,6 +131,20 @@ enum Outcome {
     Refused,
 }
 
+/// A copy of the undamaged image, opened read-only: it finds no damage.
+fn open_undamaged(img: &SimStorage) -> Volume {
+    let v = Volume::open(
+        Arc::new(copy(img)),
+        OpenOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(v.damage().is_empty(), "{}", v.damage());
+    v
+}
+
 /// Opens the damaged image and checks the rule; returns what happened.
 fn verify(img: SimStorage, model: &[u8], what: &str) -> Outcome {
     let img = Arc::new(img);
@@ -349,14 +363,7 @@ fn damage_on_a_clean_volume_is_reported_never_served() {
 #[test]
 fn a_zeroed_newest_slot_after_a_crash_loses_nothing() {
     let b = build(5, false);
-    let v = Volume::open(
-        Arc::new(copy(&b.image)),
-        OpenOptions {
-            read_only: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let v = open_undamaged(&b.image);
     let newest = v.superblock().slot();
     drop(v);
     let img = copy(&b.image);
@@ -428,15 +435,7 @@ fn accepting_a_loss_keeps_what_survives_and_counts_it() {
 fn a_damaged_newest_mark_and_a_cut_tail_are_refused_not_served() {
     let b = build(7, false);
     let newest = {
-        let v = Volume::open(
-            Arc::new(copy(&b.image)),
-            OpenOptions {
-                read_only: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        assert!(v.damage().is_empty(), "{}", v.damage());
+        let v = open_undamaged(&b.image);
         v.damage().flushed_seq.expect("a mark after the checkpoint")
     };
     let mut area = vec![0u8; 16 * 4096];
