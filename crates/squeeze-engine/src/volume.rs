@@ -118,6 +118,10 @@ impl Volume {
         // Only the superblock slots: the rest of the first MiB stays a hole
         // (du would count 1 MiB of unwritten blocks otherwise).
         storage.allocate(0, SUPERBLOCK_SIZE as u64 * SUPERBLOCK_SLOTS)?;
+        // Every flush mark slot holds a placeholder, so that a zeroed one
+        // is damage (64 KiB).
+        let all: Vec<u64> = (0..squeeze_format::FLUSH_MARK_SLOTS).collect();
+        flush_marks::write_placeholders(&*storage, &uuid, &all)?;
         let mut table = SegmentTable::new(max_segments(&sb));
         // Segment 0 opens the log.
         table.set(0, SegState::Log { opened_seq: 1 });
@@ -269,7 +273,7 @@ impl Volume {
             Self::settle_after_open(&vol, needs_checkpoint, rec.replayed, rec.replay_end)?;
             // After the checkpoint above (a crash) they claim nothing the
             // volume needs.
-            flush_marks::clear(&*vol.inner.storage, &marks.damaged)?;
+            flush_marks::write_placeholders(&*vol.inner.storage, &vol.inner.uuid, &marks.damaged)?;
         }
         // Recovery read the whole map: down to its cache.
         pager::trim_map(&vol.inner);

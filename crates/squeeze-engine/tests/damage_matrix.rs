@@ -480,3 +480,34 @@ fn a_damaged_newest_mark_and_a_cut_tail_are_refused_not_served() {
     let v = Volume::open(img, OpenOptions::default()).unwrap();
     assert!(v.damage().is_empty(), "{}", v.damage());
 }
+
+/// The second fuzz input of session 30 (`fuzz/corpus/volume_damage/
+/// regress-zeroed-mark`): after a crash, the newest mark's slot zeroed
+/// (as if never written) and a block of the log after the checkpoint
+/// overwritten. Every slot of a new volume holds a placeholder mark, so a
+/// zeroed slot is damage: refused, never older data served.
+#[test]
+fn a_zeroed_newest_mark_and_a_damaged_log_are_refused_not_served() {
+    let b = build(8, false);
+    let newest = open_undamaged(&b.image).damage().flushed_seq.unwrap();
+    let mut area = vec![0u8; 16 * 4096];
+    b.image
+        .read_at(&mut area, squeeze_format::FLUSH_MARK_START)
+        .unwrap();
+    let slot = (0..16u64)
+        .find(|&s| {
+            squeeze_format::flush_mark::FlushMark::decode(&area[s as usize * 4096..])
+                .is_ok_and(|m| m.flushed_seq == newest)
+        })
+        .expect("the newest mark's slot");
+    let img = copy(&b.image);
+    img.overwrite(squeeze_format::flush_mark::slot_offset(slot), &[0; 256]);
+    let s = *b.after_checkpoint.last().unwrap();
+    let start = segment_offset(s) + RECORD_HEADER_SIZE as u64;
+    let at = (start + (written_end(&b.image, s) - start) / 2) / 4096 * 4096;
+    img.overwrite(at, &[0x5a; 4096]);
+    assert!(matches!(
+        verify(img, &b.model, "newest mark zeroed, log damaged"),
+        Outcome::Refused
+    ));
+}

@@ -116,26 +116,58 @@ impl FlushMark {
         (0..FLUSH_MARK_SLOTS as usize)
             .filter_map(|s| area.get(s * FLUSH_MARK_SLOT_SIZE..))
             .filter_map(|b| FlushMark::decode(b).ok())
-            .filter(|m| &m.uuid == uuid)
+            .filter(|m| &m.uuid == uuid && !m.is_placeholder())
             .max_by_key(|m| (m.flushed_seq, m.count))
     }
 
-    /// The slots among the slots' bytes that hold neither zeros (never
-    /// written) nor a mark (this volume's, another's, or one of another
-    /// version): damage. A mark is written in one piece inside the first
-    /// sector of its own page, so a crash leaves a slot old or new, never
-    /// torn (sector writes are atomic); a damaged slot may have held the
-    /// newest mark.
-    pub fn damaged_slots(area: &[u8]) -> Vec<u64> {
+    /// What `create` writes to slot `slot` (since session 30): a mark of
+    /// the volume that claims nothing (flushed_seq 0, which no real mark
+    /// has: a real one is written only once its flushed seq passed its
+    /// epoch, at least 1). With every slot holding one, a slot of zeros is
+    /// damage, never a slot not written yet.
+    pub fn placeholder(uuid: [u8; 16], slot: u64) -> FlushMark {
+        FlushMark {
+            uuid,
+            count: slot,
+            epoch_seq: 0,
+            flushed_seq: 0,
+            flushed_end: 0,
+        }
+    }
+
+    /// A placeholder: it claims nothing.
+    pub fn is_placeholder(&self) -> bool {
+        self.flushed_seq == 0
+    }
+
+    /// The slots among the slots' bytes of volume `uuid` that are damaged:
+    /// bytes that are neither zeros nor a mark (this volume's, another's,
+    /// or one of another version), or zeros where every slot is known to
+    /// have been written (a placeholder of the volume is left in some slot,
+    /// or a mark of it counts 32 or more: every slot then held one long
+    /// ago). A mark is written in one piece inside the first sector of its
+    /// own page, so a crash leaves a slot old or new, never torn (sector
+    /// writes are atomic); a damaged slot may have held the newest mark.
+    /// A volume made before placeholders that wrote fewer than 32 marks
+    /// cannot tell a zeroed slot from one not written yet.
+    pub fn damaged_slots(area: &[u8], uuid: &[u8; 16]) -> Vec<u64> {
+        let slot = |s: u64| {
+            let at = s as usize * FLUSH_MARK_SLOT_SIZE;
+            &area[at.min(area.len())..(at + FLUSH_MARK_LEN).min(area.len())]
+        };
+        let all_written = (0..FLUSH_MARK_SLOTS)
+            .filter_map(|s| FlushMark::decode(slot(s)).ok())
+            .any(|m| &m.uuid == uuid && (m.is_placeholder() || m.count >= 2 * FLUSH_MARK_SLOTS));
         (0..FLUSH_MARK_SLOTS)
             .filter(|&s| {
-                let at = s as usize * FLUSH_MARK_SLOT_SIZE;
-                let b = &area[at.min(area.len())..(at + FLUSH_MARK_LEN).min(area.len())];
-                b.iter().any(|&x| x != 0)
-                    && !matches!(
-                        FlushMark::decode(b),
-                        Ok(_) | Err(FormatError::UnsupportedVersion { .. })
-                    )
+                let b = slot(s);
+                if b.iter().all(|&x| x == 0) {
+                    return all_written;
+                }
+                !matches!(
+                    FlushMark::decode(b),
+                    Ok(_) | Err(FormatError::UnsupportedVersion { .. })
+                )
             })
             .collect()
     }
@@ -189,19 +221,53 @@ mod tests {
         put(&mut area, &b);
         assert_eq!(FlushMark::newest(&area, &[7; 16]), Some(b));
         assert_eq!(FlushMark::newest(&area, &[8; 16]), None);
-        assert!(FlushMark::damaged_slots(&area).is_empty());
+        assert!(FlushMark::damaged_slots(&area, &[7; 16]).is_empty());
         // The newest slot damaged: the older mark still answers, and the
         // slot is named as damaged (it may have claimed more).
         let at = (b.offset() - FLUSH_MARK_START) as usize;
         area[at + 40] ^= 1;
         assert_eq!(FlushMark::newest(&area, &[7; 16]), Some(a));
-        assert_eq!(FlushMark::damaged_slots(&area), vec![5]);
+        assert_eq!(FlushMark::damaged_slots(&area, &[7; 16]), vec![5]);
         // Bytes past the mark in its page do not matter; a slot of
         // garbage does.
         area[at + 40] ^= 1;
         area[at + FLUSH_MARK_LEN + 100] = 0xa5;
-        assert!(FlushMark::damaged_slots(&area).is_empty());
+        assert!(FlushMark::damaged_slots(&area, &[7; 16]).is_empty());
         area[9 * FLUSH_MARK_SLOT_SIZE + 3] = 1;
-        assert_eq!(FlushMark::damaged_slots(&area), vec![9]);
+        assert_eq!(FlushMark::damaged_slots(&area, &[7; 16]), vec![9]);
+    }
+
+    /// Placeholders claim nothing and are never the newest; once a slot
+    /// holds one, a zeroed slot is damage (else it may be one not written
+    /// yet), as it is once a mark counts 32.
+    #[test]
+    fn with_placeholders_a_zeroed_slot_is_damage() {
+        let u = [7; 16];
+        let mut area = vec![0u8; FLUSH_MARK_SLOTS as usize * FLUSH_MARK_SLOT_SIZE];
+        let put = |area: &mut Vec<u8>, slot: u64, m: &FlushMark| {
+            let at = slot as usize * FLUSH_MARK_SLOT_SIZE;
+            area[at..at + FLUSH_MARK_LEN].copy_from_slice(&m.encode());
+        };
+        // Fewer than 32 marks and no placeholder: zeros are not damage.
+        put(&mut area, 1, &mark(1, 60));
+        assert!(FlushMark::damaged_slots(&area, &u).is_empty());
+        for s in 0..FLUSH_MARK_SLOTS {
+            if s != 1 {
+                put(&mut area, s, &FlushMark::placeholder(u, s));
+            }
+        }
+        assert!(FlushMark::placeholder(u, 3).is_placeholder());
+        assert_eq!(FlushMark::newest(&area, &u), Some(mark(1, 60)));
+        assert!(FlushMark::damaged_slots(&area, &u).is_empty());
+        // Another volume's placeholders say nothing of this one's slots.
+        assert!(FlushMark::damaged_slots(&area, &[8; 16]).is_empty());
+        // The newest mark zeroed: damage, and no mark answers.
+        area[FLUSH_MARK_SLOT_SIZE..FLUSH_MARK_SLOT_SIZE + 256].fill(0);
+        assert_eq!(FlushMark::newest(&area, &u), None);
+        assert_eq!(FlushMark::damaged_slots(&area, &u), vec![1]);
+        // Without placeholders, a mark counting 32 says the same.
+        let mut area = vec![0u8; FLUSH_MARK_SLOTS as usize * FLUSH_MARK_SLOT_SIZE];
+        put(&mut area, 0, &mark(32, 90));
+        assert_eq!(FlushMark::damaged_slots(&area, &u).len(), 15);
     }
 }

@@ -58,20 +58,28 @@ pub(crate) fn read(storage: &dyn Storage, uuid: &[u8; 16]) -> io::Result<Marks> 
     storage.read_at(&mut area, FLUSH_MARK_START)?;
     Ok(Marks {
         newest: FlushMark::newest(&area, uuid),
-        damaged: FlushMark::damaged_slots(&area),
+        damaged: FlushMark::damaged_slots(&area, uuid),
     })
 }
 
-/// Zeroes damaged slots, durably: done once an open has accepted what
-/// they might have claimed (or the volume was closed cleanly and needed
-/// none of them), so that the next open does not report them again.
-pub(crate) fn clear(storage: &dyn Storage, slots: &[u64]) -> io::Result<()> {
+/// Writes a placeholder (`FlushMark::placeholder`) to each of `slots`,
+/// durably: at create to every slot, and to damaged slots once an open has
+/// accepted what they might have claimed (or the volume was closed cleanly
+/// and needed none of them), so that the next open does not report them
+/// again.
+pub(crate) fn write_placeholders(
+    storage: &dyn Storage,
+    uuid: &[u8; 16],
+    slots: &[u64],
+) -> io::Result<()> {
     if slots.is_empty() {
         return Ok(());
     }
-    let zeros = [0u8; FLUSH_MARK_SLOT_SIZE];
+    let mut page = [0u8; FLUSH_MARK_SLOT_SIZE];
     for &s in slots {
-        storage.write_at(&zeros, squeeze_format::flush_mark::slot_offset(s))?;
+        let m = FlushMark::placeholder(*uuid, s);
+        page[..FLUSH_MARK_LEN].copy_from_slice(&m.encode());
+        storage.write_at(&page, squeeze_format::flush_mark::slot_offset(s))?;
     }
     storage.sync()
 }
