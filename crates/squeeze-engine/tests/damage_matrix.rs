@@ -145,6 +145,24 @@ fn open_undamaged(img: &SimStorage) -> Volume {
     v
 }
 
+/// The slot of the undamaged image's newest flush mark (one after the
+/// checkpoint).
+fn newest_mark_slot(img: &SimStorage) -> u64 {
+    let newest = open_undamaged(img)
+        .damage()
+        .flushed_seq
+        .expect("a mark after the checkpoint");
+    let mut area = vec![0u8; 16 * 4096];
+    img.read_at(&mut area, squeeze_format::FLUSH_MARK_START)
+        .unwrap();
+    (0..16u64)
+        .find(|&s| {
+            squeeze_format::flush_mark::FlushMark::decode(&area[s as usize * 4096..])
+                .is_ok_and(|m| m.flushed_seq == newest)
+        })
+        .expect("the newest mark's slot")
+}
+
 /// Opens the damaged image and checks the rule; returns what happened.
 fn verify(img: SimStorage, model: &[u8], what: &str) -> Outcome {
     let img = Arc::new(img);
@@ -434,20 +452,7 @@ fn accepting_a_loss_keeps_what_survives_and_counts_it() {
 #[test]
 fn a_damaged_newest_mark_and_a_cut_tail_are_refused_not_served() {
     let b = build(7, false);
-    let newest = {
-        let v = open_undamaged(&b.image);
-        v.damage().flushed_seq.expect("a mark after the checkpoint")
-    };
-    let mut area = vec![0u8; 16 * 4096];
-    b.image
-        .read_at(&mut area, squeeze_format::FLUSH_MARK_START)
-        .unwrap();
-    let slot = (0..16u64)
-        .find(|&s| {
-            squeeze_format::flush_mark::FlushMark::decode(&area[s as usize * 4096..])
-                .is_ok_and(|m| m.flushed_seq == newest)
-        })
-        .expect("the newest mark's slot");
+    let slot = newest_mark_slot(&b.image);
     let img = copy(&b.image);
     img.overwrite(squeeze_format::flush_mark::slot_offset(slot), &[0xa5; 4096]);
     let last = *b.after_checkpoint.last().unwrap();
@@ -489,17 +494,7 @@ fn a_damaged_newest_mark_and_a_cut_tail_are_refused_not_served() {
 #[test]
 fn a_zeroed_newest_mark_and_a_damaged_log_are_refused_not_served() {
     let b = build(8, false);
-    let newest = open_undamaged(&b.image).damage().flushed_seq.unwrap();
-    let mut area = vec![0u8; 16 * 4096];
-    b.image
-        .read_at(&mut area, squeeze_format::FLUSH_MARK_START)
-        .unwrap();
-    let slot = (0..16u64)
-        .find(|&s| {
-            squeeze_format::flush_mark::FlushMark::decode(&area[s as usize * 4096..])
-                .is_ok_and(|m| m.flushed_seq == newest)
-        })
-        .expect("the newest mark's slot");
+    let slot = newest_mark_slot(&b.image);
     let img = copy(&b.image);
     img.overwrite(squeeze_format::flush_mark::slot_offset(slot), &[0; 256]);
     let s = *b.after_checkpoint.last().unwrap();
